@@ -1,0 +1,35 @@
+# The two commands: `make demo` runs the main job, `make test` lints, type-checks and tests.
+# Both create .venv first. torch is installed pinned before the package so that the package's
+# own `torch>=2.3` is satisfied by it (a bare `torch` would pull several GB of CUDA wheels).
+TORCH ?= torch==2.13.0
+PY := .venv/bin/python
+VENV_STAMP := .venv/.installed
+
+.PHONY: venv demo test lint typecheck pytest clean
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(VENV_STAMP)
+
+demo: venv
+	.venv/bin/ringtree bench --nproc 4 --max-bytes 4M --iters 10
+
+lint: venv
+	.venv/bin/ruff check ringtree tests benchmarks examples
+	.venv/bin/ruff format --check ringtree tests benchmarks examples
+
+typecheck: venv
+	.venv/bin/mypy
+
+pytest: venv
+	$(PY) -m pytest -q
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf .venv build *.egg-info .mypy_cache .pytest_cache .ruff_cache

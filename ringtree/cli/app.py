@@ -1,0 +1,18 @@
+"""The `ringtree` command: one typer app; each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="ringtree",
+    help="Every classic all-reduce, a simulator that predicts them, and parallel training on PyTorch.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """ringtree: understand, predict and fix the scaling of distributed training."""

@@ -1,0 +1,124 @@
+"""`ringtree bench`: the nccl-tests-style side-by-side benchmark of collective algorithms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ringtree.bench import ROW_KEYS, BenchConfig, environment, worker
+from ringtree.cli.app import app
+from ringtree.cli.output import print_environment, print_table, write_json
+from ringtree.launch import default_backend, init_from_env, spawn, under_torchrun
+from ringtree.units import format_size, parse_size
+
+
+@app.command()
+def bench(
+    nproc: int = typer.Option(4, help="Local processes to spawn (ignored under torchrun)."),
+    collective: str = typer.Option(
+        "all_reduce", help="all_reduce, reduce_scatter, all_gather, broadcast or reduce."
+    ),
+    algorithms: str = typer.Option("", help="Comma-separated algorithm names; default: all."),
+    min_bytes: str = typer.Option("8", help="Smallest size, e.g. 8, 4K, 64M."),
+    max_bytes: str = typer.Option("64M", help="Largest size."),
+    step_factor: int = typer.Option(2, help="Multiply the size by this between rows."),
+    dtype: str = typer.Option("float32", help="float32, float64, float16, bfloat16, int32, int64, ..."),
+    op: str = typer.Option("sum", help="sum, avg, product, max or min."),
+    warmup: int = typer.Option(5, help="Untimed calls before timing each row."),
+    iters: int = typer.Option(20, help="Timed calls per row."),
+    root: int = typer.Option(0, help="Root rank of broadcast and reduce."),
+    device: str = typer.Option("cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)."),
+    local_size: int = typer.Option(0, help="Pretend N ranks per node (hierarchical); 0: one node."),
+    timeout: float = typer.Option(60.0, help="Seconds before a stuck collective raises."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON here."),
+    plot: Path | None = typer.Option(None, help="Write a PNG of busbw and time against size."),
+) -> None:
+    """Measure collective algorithms side by side: time, algbw, busbw and wrong elements per size."""
+    try:
+        cfg = BenchConfig(
+            collective=collective,
+            algorithms=tuple(a.strip() for a in algorithms.split(",") if a.strip()),
+            min_bytes=parse_size(min_bytes),
+            max_bytes=parse_size(max_bytes),
+            step_factor=step_factor,
+            dtype=dtype,
+            op=op,
+            warmup=warmup,
+            iters=iters,
+            root=root,
+            device=device,
+            timeout_s=timeout,
+        )
+    except (ValueError, TypeError) as e:
+        raise typer.BadParameter(str(e)) from None
+    rows, env = _run(cfg, nproc, local_size)
+    if rows is None:
+        return  # a non-zero rank under torchrun: rank 0 reports
+    print_environment(env)
+    print_table(
+        f"ringtree bench: {cfg.collective}",
+        [
+            "size",
+            "count",
+            "type",
+            "redop",
+            "algorithm",
+            "time (us)",
+            "algbw (GB/s)",
+            "busbw (GB/s)",
+            "#wrong",
+        ],
+        [
+            [
+                format_size(r["bytes"]),
+                r["count"],
+                r["dtype"],
+                r["op"],
+                r["algorithm"],
+                f"{r['time_us']:.1f}",
+                f"{r['algbw_gbps']:.3f}",
+                f"{r['busbw_gbps']:.3f}",
+                r["wrong"],
+            ]
+            for r in rows
+        ],
+    )
+    if json_path is not None:
+        write_json(json_path, [{k: r[k] for k in ROW_KEYS} for r in rows])
+    if plot is not None:
+        from ringtree.plots import plot_bench
+
+        plot_bench(rows, plot, env)
+    if any(r["wrong"] for r in rows):
+        raise typer.Exit(code=1)
+
+
+def _run(cfg: BenchConfig, nproc: int, local_size: int) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+    """Under torchrun: run in this world. Otherwise spawn nproc local ranks."""
+    import torch.distributed as dist
+
+    backend = default_backend(cfg.device)
+    if under_torchrun():
+        init_from_env(backend, cfg.timeout_s)
+        rows = worker(dist.get_rank(), cfg)
+        env = environment(cfg.device)
+        return (rows if dist.get_rank() == 0 else None), env
+    if nproc < 1:
+        raise typer.BadParameter(f"--nproc must be at least 1, got {nproc}")
+    results = spawn(
+        _spawned,
+        nproc,
+        (cfg,),
+        backend=backend,
+        timeout_s=24 * 3600.0,
+        local_world_size=local_size or None,
+        collective_timeout_s=cfg.timeout_s,
+    )
+    rows, env = results[0]
+    return rows, env
+
+
+def _spawned(rank: int, cfg: BenchConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    return worker(rank, cfg), environment(cfg.device)

@@ -1,0 +1,122 @@
+"""Joining a process group: under torchrun as it is, or as N local processes spawned by torch.
+
+ringtree never replaces the launcher: under torchrun (one node or many) it joins the world
+torchrun set up. Without torchrun, `spawn` starts N local workers with torch.multiprocessing
+and a file-based rendezvous (no ports to choose), for `--nproc N` and for the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import FileStore  # type: ignore[attr-defined]  # exported, not in __all__
+from torch.multiprocessing.spawn import start_processes
+
+from ringtree.comm.collectives import DEFAULT_TIMEOUT_S
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher speaking its protocol) started this process."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def default_backend(device: str = "cpu") -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def init_from_env(backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Join the world torchrun describes in the environment (env:// rendezvous)."""
+    if dist.is_initialized():
+        return
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def spawn(
+    fn: Callable[..., Any],
+    nproc: int,
+    args: tuple[Any, ...] = (),
+    *,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    local_world_size: int | None = None,
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Any]:
+    """Run fn(rank, *args) on nproc local processes in one process group; return each rank's result.
+
+    A worker that raises makes spawn raise with its traceback (the others are terminated); a
+    world that has not finished within timeout_s is killed and raises TimeoutError. Nothing hangs.
+    `local_world_size` pretends the processes sit on nproc/local_world_size nodes, so that
+    topology-aware algorithms can be exercised on one machine.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    local = nproc if local_world_size is None else local_world_size
+    if local < 1 or nproc % local:
+        raise ValueError(f"local_world_size={local} must divide nproc={nproc}")
+    with tempfile.TemporaryDirectory(prefix="ringtree-") as tmp:
+        ctx = start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+            _worker,
+            args=(fn, nproc, local, backend, collective_timeout_s, tmp, args),
+            nprocs=nproc,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=0.2):
+            if time.monotonic() > deadline:
+                for proc in ctx.processes:
+                    if proc.is_alive():
+                        proc.kill()
+                raise TimeoutError(
+                    f"{nproc} ranks running {getattr(fn, '__name__', fn)} did not finish within "
+                    f"{timeout_s:.0f}s; they were killed"
+                )
+        return [_load(Path(tmp) / f"result-{r}.pkl") for r in range(nproc)]
+
+
+def _worker(
+    rank: int,
+    fn: Callable[..., Any],
+    nproc: int,
+    local: int,
+    backend: str,
+    collective_timeout_s: float,
+    tmp: str,
+    args: tuple[Any, ...],
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_RANK=str(rank % local),
+        LOCAL_WORLD_SIZE=str(local),
+        GROUP_RANK=str(rank // local),
+    )
+    torch.set_num_threads(1)  # N processes share the host's cores: one intra-op thread each
+    store = FileStore(os.path.join(tmp, "rendezvous"), nproc)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=nproc,
+        timeout=timedelta(seconds=collective_timeout_s),
+    )
+    try:
+        result = fn(rank, *args)
+        with open(os.path.join(tmp, f"result-{rank}.pkl"), "wb") as f:
+            pickle.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _load(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return pickle.load(f)

@@ -1,0 +1,45 @@
+"""PNG plots (matplotlib, headless): benchmark curves."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ringtree.units import format_size
+
+
+def plot_bench(rows: list[dict[str, Any]], path: Path, env: dict[str, Any]) -> None:
+    """busbw and time against size, one line per algorithm, environment in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_alg: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["bytes"] > 0:
+            by_alg[r["algorithm"]].append(r)
+    fig, (bw, tm) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for alg, rs in by_alg.items():
+        sizes = [r["bytes"] for r in rs]
+        bw.plot(sizes, [r["busbw_gbps"] for r in rs], marker="o", ms=3, label=alg)
+        tm.plot(sizes, [r["time_us"] for r in rs], marker="o", ms=3, label=alg)
+    for ax, label in ((bw, "busbw (GB/s)"), (tm, "time (us)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ticks = sorted({r["bytes"] for r in rows if r["bytes"] > 0})[::2]
+        ax.set_xticks(ticks, [format_size(t) for t in ticks], rotation=45)
+    tm.set_yscale("log")
+    bw.legend()
+    collective = rows[0]["collective"] if rows else ""
+    fig.suptitle(
+        f"{collective}, {env.get('world_size')} ranks, {env.get('backend')}, "
+        f"torch {env.get('torch')}, {env.get('host_cores')} cores"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
