@@ -1,0 +1,270 @@
+"""DistributedDataParallel: fusion buckets reduced during backward by any ringtree algorithm.
+
+The flow of the seeds: every rank holds the whole model, runs forward and backward on its own
+share of the batch, and the gradients are averaged across ranks before every rank steps.
+Gradients are copied into flat buckets (reverse registration order, a small first bucket) as
+autograd produces them; a bucket whose gradients are all in is launched at once, so its
+all-reduce overlaps the rest of backward. backward() returns only after every bucket is reduced
+and copied back into `param.grad`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ringtree import comm
+from ringtree.parallel.buckets import MB, Bucket, build
+from ringtree.parallel.launcher import Launcher, Span, make_launcher
+from ringtree.parallel.replicas import broadcast_state
+
+COMPRESSION: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+# torch DDP arguments that ringtree accepts so scripts run unchanged, and their no-op defaults.
+_TORCH_ONLY_DEFAULTS: dict[str, Any] = {
+    "output_device": None,
+    "dim": 0,
+    "check_reduction": False,
+    "gradient_as_bucket_view": False,
+    "static_graph": False,
+}
+
+
+@dataclass
+class SyncStats:
+    """What the last gradient synchronization cost: comm wall time and the part backward waited for."""
+
+    comm_time_s: float = 0.0  # wall time during which at least one bucket was in flight
+    exposed_s: float = 0.0  # time backward spent blocked on communication after its compute
+    spans: list[Span] = field(default_factory=list)
+
+
+class DistributedDataParallel(nn.Module):
+    """A drop-in for torch.nn.parallel.DistributedDataParallel with a pluggable all-reduce algorithm.
+
+    `algorithm`: any of ringtree.comm.algorithms() ("native" is torch's own). `compression`:
+    None, "fp16" or "bf16": buckets travel in that dtype and return into the fp32 gradients.
+    `overlap=False` launches every bucket after backward's compute (to measure what overlap buys).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids: list[int] | None = None,
+        broadcast_buffers: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float = 25.0,
+        find_unused_parameters: bool = False,
+        *,
+        algorithm: str = "ring",
+        compression: str | None = None,
+        overlap: bool = True,
+        timeout_s: float = comm.DEFAULT_TIMEOUT_S,
+        **torch_only: Any,
+    ) -> None:
+        super().__init__()
+        _check_arguments(bucket_cap_mb, compression, torch_only)
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "DistributedDataParallel needs a process group: call "
+                "torch.distributed.init_process_group first (torchrun, or ringtree.launch.spawn)"
+            )
+        self.module = module
+        self.device_ids = device_ids
+        self.algorithm, self.compression, self.overlap = algorithm, compression, overlap
+        self.find_unused_parameters = find_unused_parameters
+        self.broadcast_buffers = broadcast_buffers
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self._launcher: Launcher = make_launcher(algorithm, process_group, timeout_s)
+        self._timeout_s = timeout_s
+        broadcast_state(module, process_group, _broadcast_algorithm(algorithm), timeout_s)
+        self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.buckets: list[Bucket] = build(self._named, int(bucket_cap_mb * MB))
+        self._register_hooks()
+        self._sync_enabled = True  # False inside no_sync()
+        self._expect_sync = False  # set by a forward outside no_sync, cleared when the sync ends
+        self._in_backward = False
+        self._next_bucket = 0
+        self._payloads: dict[int, torch.Tensor] = {}
+        self._validated = False
+        self._exposed_s = 0.0
+        self.last_sync = SyncStats()
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module; a forward outside no_sync() makes the next backward synchronize."""
+        if torch.is_grad_enabled():
+            self._expect_sync = self._sync_enabled
+            if self.broadcast_buffers and self.world_size > 1:
+                broadcast_state(
+                    self.module, self.process_group, "native", self._timeout_s, params=False, validate=False
+                )
+        return self.module(*inputs, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside, backward only accumulates gradients locally (gradient accumulation)."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def close(self) -> None:
+        """Stop the communication thread (also done when the object is collected)."""
+        self._launcher.close()
+
+    def __del__(self) -> None:
+        launcher = self.__dict__.get("_launcher")
+        if launcher is not None:
+            launcher.close()
+
+    # -- backward: hooks fill buckets, the end-of-backward callback waits and writes back --------
+
+    def _register_hooks(self) -> None:
+        for bucket in self.buckets:
+            bucket.reset()
+            for i, p in enumerate(bucket.params):
+                p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    self._hook(bucket, i)
+                )
+
+    def _hook(self, bucket: Bucket, i: int) -> Any:
+        def on_grad_ready(param: torch.Tensor) -> None:
+            if not self._expect_sync:
+                return
+            if not self._in_backward:
+                self._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            assert param.grad is not None and i not in bucket.ready
+            bucket.view(i).copy_(param.grad)
+            self._mark_ready(bucket, i)
+
+        return on_grad_ready
+
+    def _mark_ready(self, bucket: Bucket, i: int) -> None:
+        bucket.ready.add(i)
+        bucket.pending -= 1
+        if bucket.pending == 0 and self.overlap:
+            self._launch_in_order()
+
+    def _launch_in_order(self) -> None:
+        """Launch every ready bucket from the next unlaunched one on: the same order on every rank."""
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
+            bucket = self.buckets[self._next_bucket]
+            bucket.buffer.div_(self.world_size)  # average as torch's DDP does: divide, then sum
+            payload = bucket.buffer
+            if self.compression is not None:
+                payload = payload.to(COMPRESSION[self.compression])
+            self._payloads[bucket.index] = payload
+            started = time.perf_counter()
+            self._launcher.launch(bucket.index, payload, validate=not self._validated)
+            self._exposed_s += time.perf_counter() - started  # launching is exposed too
+            self._next_bucket += 1
+
+    def _finish(self) -> None:
+        """End of backward: account for missing gradients, wait for every bucket, write back."""
+        try:
+            missing = self._missing()
+            if missing and not self.find_unused_parameters:
+                self._launcher.wait_all()  # drain what was launched: every rank launched the same
+                raise ValueError(_unused_message(missing))
+            local_used = self._local_used()
+            for bucket, i in missing:
+                bucket.view(i).zero_()
+                self._mark_ready(bucket, i)
+            self._launch_in_order()
+            started = time.perf_counter()
+            spans = self._launcher.wait_all()
+            self._exposed_s += time.perf_counter() - started
+            # every rank runs this all-reduce (same setting), whether or not it missed gradients
+            used = self._globally_used(local_used) if self.find_unused_parameters else None
+            self._write_back(used)
+            self._validated = True
+            self.last_sync = SyncStats(_union(spans), self._exposed_s, spans)
+        finally:
+            self._reset()
+
+    def _missing(self) -> list[tuple[Bucket, int]]:
+        return [(b, i) for b in self.buckets for i in range(len(b.params)) if i not in b.ready]
+
+    def _local_used(self) -> torch.Tensor:
+        """Per trainable parameter (bucket order), 1 if this rank produced its gradient, else 0."""
+        flags = [float(i in b.ready) for b in self.buckets for i in range(len(b.params))]
+        return torch.tensor(flags, device=self.buckets[0].buffer.device)
+
+    def _globally_used(self, local_used: torch.Tensor) -> torch.Tensor:
+        """Whether any rank produced each parameter's gradient (one small all-reduce)."""
+        comm.all_reduce(local_used, "sum", "native", self.process_group, timeout_s=self._timeout_s)
+        return local_used > 0
+
+    def _write_back(self, used: torch.Tensor | None) -> None:
+        k = 0
+        with torch.no_grad():
+            for bucket in self.buckets:
+                if self.compression is not None:
+                    bucket.buffer.copy_(self._payloads[bucket.index])
+                for i, p in enumerate(bucket.params):
+                    if used is not None and not used[k]:
+                        pass  # no rank used it: leave its gradient as it is, like torch's DDP
+                    elif p.grad is None:
+                        p.grad = bucket.view(i).clone()
+                    else:
+                        p.grad.copy_(bucket.view(i))
+                    k += 1
+
+    def _reset(self) -> None:
+        for bucket in self.buckets:
+            bucket.reset()
+        self._payloads.clear()
+        self._next_bucket = 0
+        self._in_backward = False
+        self._expect_sync = False
+        self._exposed_s = 0.0
+
+
+def _check_arguments(bucket_cap_mb: float, compression: str | None, torch_only: dict[str, Any]) -> None:
+    if bucket_cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}; torch's default is 25")
+    if compression is not None and compression not in COMPRESSION:
+        raise ValueError(f"unknown compression {compression!r}; choose None, 'fp16' or 'bf16'")
+    unknown = sorted(set(torch_only) - set(_TORCH_ONLY_DEFAULTS))
+    if unknown:
+        raise TypeError(f"DistributedDataParallel got unexpected argument(s) {', '.join(unknown)}")
+    for name, value in torch_only.items():
+        if value != _TORCH_ONLY_DEFAULTS[name]:
+            warnings.warn(
+                f"ringtree's DistributedDataParallel ignores {name}={value!r} (torch-only option)",
+                stacklevel=3,
+            )
+
+
+def _broadcast_algorithm(algorithm: str) -> str:
+    return "native" if algorithm == "native" else "tree"
+
+
+def _unused_message(missing: list[tuple[Bucket, int]]) -> str:
+    names = ", ".join(b.names[i] for b, i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+    return (
+        f"{len(missing)} parameter(s) received no gradient in this backward pass: {names}. "
+        "Make every parameter take part in the loss, set requires_grad=False on the unused ones, "
+        "or pass find_unused_parameters=True to DistributedDataParallel"
+    )
+
+
+def _union(spans: list[Span]) -> float:
+    """Total length of the union of the spans' intervals (overlapping buckets counted once)."""
+    total, end = 0.0, float("-inf")
+    for s in sorted(spans, key=lambda s: s.start):
+        if s.end > end:
+            total += s.end - max(s.start, end)
+            end = s.end
+    return total
