@@ -43,3 +43,29 @@ def plot_bench(rows: list[dict[str, Any]], path: Path, env: dict[str, Any]) -> N
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: str) -> None:
+    """Predicted all-reduce time against size or ranks, one line per algorithm (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_alg: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_alg[r["algorithm"]].append(r)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for alg, rs in by_alg.items():
+        ax.plot([r[x_key] for r in rs], [r["time_s"] for r in rs], marker="o", ms=3, label=alg)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("size (bytes)" if x_key == "bytes" else "ranks")
+    ax.set_ylabel("all-reduce time (s)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ringtree.cli import bench  # noqa: F401  (registers its subcommand)
+from ringtree.cli import sim  # noqa: F401  (registers sim, plan and calibrate)
 from ringtree.cli.app import app
 
 

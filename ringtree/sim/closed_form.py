@@ -1,0 +1,179 @@
+"""Closed-form all-reduce times: each algorithm's flows per step, costed by `ringtree.sim.flows`.
+
+Every generator here mirrors one schedule generator of `ringtree.schedules` step for step, but
+describes a whole phase by arrays of flows instead of enumerating ops, so it runs in
+O(p log p) numpy work: 24,576 ranks take well under a second. On one level the totals are the
+textbook ones (Thakur, Rabenseifner and Gropp 2005), with n the buffer bytes:
+  ring              2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+  halving_doubling  2 lg p alpha + 2(p-1)/p n beta + (p-1)/p n gamma   (p a power of two)
+  ps                2 alpha + 2(p-1) n beta + (p-1) n gamma
+  bfb               2 alpha + 2(p-1)/p n beta + (p-1)/p n gamma (p-1 messages per rank and step)
+and the pipelined trees take (2 lg p + k - 1) steps of one chunk n/k each (k chunks, as NCCL's tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ringtree.schedules.registry import MAX_PIPELINE_CHUNKS, PIPELINE_CHUNK_BYTES
+from ringtree.schedules.tree import Tree, double_trees, inorder_tree
+from ringtree.sim.flows import AllToAll, FlowGroup, Group, Ranks, total_time
+from ringtree.sim.hardware import Cluster
+
+# p ranks, L ranks per node, N nodes; count elements of `itemsize` bytes; k pipeline chunks.
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _ring_groups(
+    ranks: Ranks, block: float, first: int, reduce_scatter: bool, all_gather: bool
+) -> list[Group]:
+    """Ring reduce-scatter and/or all-gather over `ranks` (several disjoint rings: a 2-D array)."""
+    src = ranks.reshape(-1)
+    dst = np.roll(ranks, -1, axis=-1).reshape(-1)
+    m = ranks.shape[-1]
+    out: list[Group] = []
+    if m < 2:
+        return out
+    if reduce_scatter:
+        out.append(FlowGroup(src, dst, block, True, first, first + m - 1))
+        first += m - 1
+    if all_gather:
+        out.append(FlowGroup(src, dst, block, False, first, first + m - 1))
+    return out
+
+
+def ring(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    p = cluster.ranks
+    return _ring_groups(np.arange(p), _ceil_div(count, p) * itemsize, 0, True, True)
+
+
+def hierarchical(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    """Intra-node ring reduce-scatter, ring all-reduce of each shard across nodes, intra all-gather."""
+    local, nodes = cluster.gpus_per_node, cluster.nodes
+    grid = np.arange(cluster.ranks).reshape(nodes, local)  # grid[node, local rank]
+    shard = _ceil_div(count, local)
+    intra = (local - 1) if local > 1 else 0
+    inter = 2 * (nodes - 1) if nodes > 1 else 0
+    return [
+        *_ring_groups(grid, shard * itemsize, 0, True, False),
+        *_ring_groups(grid.T, _ceil_div(shard, nodes) * itemsize, intra, True, True),
+        *_ring_groups(grid, shard * itemsize, intra + inter, False, True),
+    ]
+
+
+def halving_doubling(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    """Fold the extra ranks into partners, halve, double, unfold (as the Rabenseifner schedule)."""
+    p = cluster.ranks
+    m2 = 1 << (p.bit_length() - 1)
+    r = p - m2
+    core = np.concatenate([2 * np.arange(r) + 1, np.arange(2 * r, p)])
+    folded = 2 * np.arange(r)
+    fold = 1 if r else 0
+    out: list[Group] = []
+    if r:
+        out.append(FlowGroup(folded, folded + 1, count * itemsize, True, 0, 1))
+    lg = m2.bit_length() - 1
+    v = np.arange(m2)
+    for j in range(lg):
+        halve, double = m2 >> (j + 1), 1 << j
+        for mask, t, reduce in ((halve, fold + j, True), (double, fold + lg + j, False)):
+            nbytes = _ceil_div(count * mask, m2) * itemsize
+            out.append(FlowGroup(core[v], core[v ^ mask], nbytes, reduce, t, t + 1))
+    if r:
+        out.append(FlowGroup(folded + 1, folded, count * itemsize, False, fold + 2 * lg, fold + 2 * lg + 1))
+    return out
+
+
+def pipeline_chunks(elements: int, itemsize: int) -> int:
+    """How many chunks the schedules cut a pipelined buffer into (`Request.pipeline_bounds`)."""
+    nbytes = elements * itemsize
+    return min(MAX_PIPELINE_CHUNKS, max(1, _ceil_div(nbytes, PIPELINE_CHUNK_BYTES)), max(1, elements))
+
+
+def _tree_groups(tree: Tree, elements: int, itemsize: int) -> list[Group]:
+    """Pipelined reduce up the tree, broadcast down from step H (the root's height), as the schedule."""
+    if elements == 0:
+        return []
+    k = pipeline_chunks(elements, itemsize)
+    chunk = _ceil_div(elements, k) * itemsize
+    h, d = tree.heights(), tree.depths()
+    lead = h[tree.root]
+    up: dict[int, list[tuple[int, int]]] = {}
+    down: dict[int, list[tuple[int, int]]] = {}
+    for child, parent in tree.parent.items():
+        if parent >= 0:
+            up.setdefault(h[child], []).append((child, parent))
+            down.setdefault(d[parent], []).append((parent, child))
+    out: list[Group] = []
+    for table, start, reduce in ((up, 0, True), (down, lead, False)):
+        for level, pairs in table.items():
+            a = np.array(pairs, dtype=np.int64)
+            out.append(FlowGroup(a[:, 0], a[:, 1], chunk, reduce, start + level, start + level + k))
+    return out
+
+
+def tree(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    return _tree_groups(inorder_tree(list(range(cluster.ranks))), count, itemsize)
+
+
+def double_tree(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    """Both trees run at once, each on its half of the buffer."""
+    half = count // 2
+    first, second = double_trees(cluster.ranks)
+    return _tree_groups(first, half, itemsize) + _tree_groups(second, count - half, itemsize)
+
+
+def ps(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    """Every worker pushes to rank 0, which sums and sends the result back."""
+    workers = np.arange(1, cluster.ranks)
+    server = np.zeros_like(workers)
+    n = count * itemsize
+    return [FlowGroup(workers, server, n, True, 0, 1), FlowGroup(server, workers, n, False, 1, 2)]
+
+
+def bfb(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    """Balanced fusion buffers: an all-to-all reduce-scatter step, then an all-to-all all-gather step."""
+    if cluster.ranks < 2:
+        return []
+    block = _ceil_div(count, cluster.ranks) * itemsize
+    return [AllToAll(block, True, 0, 1), AllToAll(block, False, 1, 2)]
+
+
+GROUPS: dict[str, Callable[[Cluster, int, int], list[Group]]] = {
+    "ring": ring,
+    "halving_doubling": halving_doubling,
+    "tree": tree,
+    "double_tree": double_tree,
+    "hierarchical": hierarchical,
+    "ps": ps,
+    "bfb": bfb,
+}
+ALGORITHMS = tuple(GROUPS)
+# Algorithms with O(k + log p) steps whose ranks do unequal work per step are costed along their
+# dependency paths; the rings, where every step is the same on every rank, in lockstep.
+ALONG_PATHS = frozenset({"tree", "double_tree", "ps"})
+
+
+def check_algorithm(algorithm: str) -> str:
+    """The simulated algorithm for a name; 'native' (torch's own all-reduce) is modelled as ring."""
+    if algorithm == "native":
+        return "ring"
+    if algorithm not in GROUPS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}, native")
+    return algorithm
+
+
+def estimate(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
+    """Closed-form seconds for one all-reduce of `nbytes` (whole elements of `itemsize`) on `cluster`."""
+    if nbytes < 0:
+        raise ValueError(f"bytes must be >= 0, got {nbytes}")
+    count = nbytes // itemsize
+    if count == 0 or cluster.ranks == 1:
+        return 0.0
+    name = check_algorithm(algorithm)
+    return total_time(GROUPS[name](cluster, count, itemsize), cluster, name in ALONG_PATHS)
