@@ -69,3 +69,25 @@ def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: st
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_scaling(nodes: list[int], curves: dict[str, list[float]], path: Path, title: str) -> None:
+    """Speedup over one node against node count, one line per algorithm, the ideal line beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.plot(nodes, nodes, linestyle="--", color="gray", label="ideal")
+    for alg, speedups in curves.items():
+        ax.plot(nodes, speedups, marker="o", ms=3, label=alg)
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("throughput speedup over one node")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -13,6 +13,8 @@ from ringtree.units import format_size, parse_size
 
 SWEEPS = ("sizes", "nodes")
 
+from ringtree.cli import plan as _plan  # noqa: E402, F401  (registers `ringtree plan`)
+
 
 @app.command()
 def sim(

@@ -1,0 +1,47 @@
+"""Real torch modules for `ringtree plan --module/--measure` (the only place the planner imports torch)."""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import time
+from typing import Any
+
+
+def load_module(spec: str) -> Any:
+    """Call `factory` of `pkg.mod:factory` and return the torch.nn.Module it builds."""
+    import torch
+
+    path, _, name = spec.partition(":")
+    if not path or not name:
+        raise ValueError(f"--module {spec!r}: write it as pkg.mod:factory")
+    try:
+        factory = getattr(importlib.import_module(path), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--module {spec!r}: cannot load it ({e})") from None
+    module = factory()
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(
+            f"--module {spec!r}: the factory returned {type(module).__name__}, not a torch.nn.Module"
+        )
+    return module
+
+
+def count_parameters(spec: str) -> int:
+    """Trainable parameters of the module (the gradients an all-reduce carries)."""
+    return sum(p.numel() for p in load_module(spec).parameters() if p.requires_grad)
+
+
+def measure_step(spec: str, shape: list[int], warmup: int = 2, iters: int = 5) -> float:
+    """Median seconds of forward + backward of the module on a random input of `shape` (CPU)."""
+    import torch
+
+    module = load_module(spec)
+    x = torch.randn(*shape)
+    times = []
+    for i in range(warmup + iters):
+        start = time.perf_counter()
+        module(x).float().sum().backward()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
