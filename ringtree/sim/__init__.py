@@ -4,7 +4,7 @@ Pure Python and numpy: nothing here imports torch, so `ringtree plan` starts fas
 """
 
 from ringtree.sim.closed_form import ALGORITHMS, estimate
-from ringtree.sim.estimate import METHODS, Estimate, allreduce_time
+from ringtree.sim.allreduce import METHODS, Estimate, allreduce_time
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.presets import INTER, INTRA
 from ringtree.sim.replay import replay_all_reduce
