@@ -17,7 +17,7 @@ $(VENV_STAMP): pyproject.toml
 	touch $(VENV_STAMP)
 
 demo: venv
-	.venv/bin/ringtree bench --nproc 4 --max-bytes 4M --iters 10
+	.venv/bin/ringtree train
 
 lint: venv
 	.venv/bin/ruff check ringtree tests benchmarks examples

@@ -7,6 +7,7 @@ rank 0's link carries p times the model while the others idle. Kept to measure t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree import comm
+from ringtree.parallel.launcher import Span
 from ringtree.parallel.replicas import broadcast_state
 
 MASTER = 0
@@ -46,6 +48,7 @@ class MasterDataParallel(nn.Module):
         self.timeout_s = timeout_s
         self.world_size = dist.get_world_size(process_group)
         self._validated = False
+        self.last_comm: list[Span] = []  # the last step's reduce (0) and broadcast (1)
         broadcast_state(module, process_group, algorithm, timeout_s)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -63,7 +66,10 @@ class MasterDataParallel(nn.Module):
         flat = torch.cat([g.reshape(-1) for g in grads])
         validate, self._validated = not self._validated, True
         kw: dict[str, Any] = {"timeout_s": self.timeout_s, "validate": validate}
+        nbytes = flat.numel() * flat.element_size()
+        start = time.perf_counter()
         comm.reduce(flat, MASTER, "sum", self.algorithm, self.process_group, **kw)
+        self.last_comm = [Span(0, start, time.perf_counter(), nbytes)]
         is_master = dist.get_rank() == MASTER
         if is_master:
             flat.div_(self.world_size)
@@ -71,7 +77,9 @@ class MasterDataParallel(nn.Module):
             optimizer.step()
         with torch.no_grad():
             weights = torch.cat([p.detach().reshape(-1) for p in params])
+            start = time.perf_counter()
             comm.broadcast(weights, MASTER, self.algorithm, self.process_group, **kw)
+            self.last_comm.append(Span(1, start, time.perf_counter(), nbytes))
             if not is_master:
                 _unflatten_into(weights, params, grads=False)
 

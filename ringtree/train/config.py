@@ -1,0 +1,59 @@
+"""The training job's configuration: one typed dataclass, every default visible here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ringtree import comm
+
+MODELS = ("mlp", "vit")
+MODES = ("ddp", "dp")
+COMPRESSIONS = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What `ringtree train` trains and how; the defaults reach >= 95% digits accuracy in about a minute."""
+
+    model: str = "mlp"  # "mlp" or "vit" (the digits as a sequence of 2x2 patches)
+    mode: str = "ddp"  # "ddp": bucketed all-reduce; "dp": rank 0 reduces, steps and broadcasts
+    algorithm: str = "ring"  # ringtree's own ring by default: the product's collectives, not torch's
+    bucket_mb: float = 25.0  # torch DDP's default fusion-bucket cap
+    compression: str | None = None  # None, "fp16" or "bf16" for the buckets on the wire
+    overlap: bool = True  # launch buckets during backward; False: all after it (to measure overlap)
+    batch_size: int = 32  # per rank and micro-batch: 4 ranks x 32 = 128 samples per step
+    epochs: int = 20  # about 220 steps at 4 ranks: enough for the MLP to pass 95% on digits
+    lr: float = 3e-3  # AdamW; digits are small and clean, a larger rate than usual converges fast
+    weight_decay: float = 1e-4
+    seed: int = 0  # model init and the sampler's shuffling (the train/test split is fixed)
+    accumulate: int = 1  # micro-batches per optimizer step (the first K-1 under no_sync)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: at the end of every epoch
+    resume: bool = False  # continue from checkpoint_dir/last.pt when it exists
+    timeout_s: float = comm.DEFAULT_TIMEOUT_S  # a collective stuck longer than this raises
+    progress: bool = True  # rank 0 shows a progress bar
+
+    def __post_init__(self) -> None:
+        _choice("model", self.model, MODELS)
+        _choice("mode", self.mode, MODES)
+        valid = comm.algorithms() if self.mode == "ddp" else ["native", "ring", "tree", "ps"]
+        _choice(f"algorithm (for mode {self.mode!r})", self.algorithm, tuple(valid))
+        if self.compression is not None:
+            _choice("compression", self.compression, COMPRESSIONS)
+            if self.mode == "dp":
+                raise ValueError("compression works in mode 'ddp' only; drop --compression or use --mode ddp")
+        for name in ("batch_size", "epochs", "accumulate"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("lr", "bucket_mb", "timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: every epoch), got {self.checkpoint_every}")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(valid)}")

@@ -1,0 +1,72 @@
+"""Per-step timings and the run's summary (the keys `--json` writes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+# The summary's keys, in the order the table and the JSON file show them.
+SUMMARY_KEYS = (
+    "accuracy",
+    "test_loss",
+    "train_loss",
+    "samples_per_s",
+    "step_time_s",
+    "comm_time_s",
+    "exposed_comm_time_s",
+    "predicted_step_time_s",
+    "world_size",
+    "nodes",
+    "mode",
+    "algorithm",
+    "model",
+    "parameters",
+    "compression",
+    "bucket_mb",
+    "overlap",
+    "batch_size",
+    "accumulate",
+    "steps",
+    "resumed_from_step",
+)
+
+
+@dataclass
+class Meter:
+    """Wall time, communication time and exposed communication of every optimizer step on this rank."""
+
+    step_s: list[float] = field(default_factory=list)
+    comm_s: list[float] = field(default_factory=list)
+    exposed_s: list[float] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)  # global samples per step
+
+    def add(self, step_s: float, comm_s: float, exposed_s: float, samples: int) -> None:
+        self.step_s.append(step_s)
+        self.comm_s.append(comm_s)
+        self.exposed_s.append(exposed_s)
+        self.samples.append(samples)
+
+    def rate(self) -> float:
+        """Samples per second over the steps so far (first, warm-up step excluded when there are more)."""
+        skip = 1 if len(self.step_s) > 1 else 0
+        seconds = sum(self.step_s[skip:])
+        return sum(self.samples[skip:]) / seconds if seconds > 0 else 0.0
+
+    def slowest_rank_means(self) -> dict[str, float]:
+        """Mean step, comm and exposed time after the warm-up step, the slowest rank's (a collective)."""
+        skip = 1 if len(self.step_s) > 1 else 0
+        n = max(1, len(self.step_s) - skip)
+        means = torch.tensor(
+            [sum(self.step_s[skip:]) / n, sum(self.comm_s[skip:]) / n, sum(self.exposed_s[skip:]) / n],
+            dtype=torch.float64,
+        )
+        dist.all_reduce(means, op=dist.ReduceOp.MAX)
+        step, comm, exposed = means.tolist()
+        return {
+            "step_time_s": step,
+            "comm_time_s": comm,
+            "exposed_comm_time_s": exposed,
+            "samples_per_s": (sum(self.samples[skip:]) / n) / step if step > 0 else 0.0,
+        }

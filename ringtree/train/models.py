@@ -1,0 +1,106 @@
+"""The models `ringtree train` trains on digits: an MLP and a small vision transformer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ringtree.train.data import CLASSES, PIXELS
+
+SIDE = 8  # digits are 8 x 8
+
+
+class MLP(nn.Module):
+    """Two hidden layers with ReLU."""
+
+    def __init__(self, hidden: int = 128) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(PIXELS, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, CLASSES),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)  # type: ignore[no-any-return]
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: one qkv projection in, one projection out (column then row parallel)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim={dim} must be a multiple of heads={heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.heads, d // self.heads)  # [b, t, 3, h, d/h]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [b, h, t, d/h]
+        out = F.scaled_dot_product_attention(q, k, v)  # [b, h, t, d/h]
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))  # type: ignore[no-any-return]
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 2) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
+        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))  # type: ignore[no-any-return]
+
+
+class ViT(nn.Module):
+    """A vision transformer over the digit's patches: embed, `blocks` (a plain list), norm, head.
+
+    `blocks` is an nn.ModuleList of identical Blocks so that pipeline parallelism can cut it into
+    stages and tensor parallelism can shard each block's linears.
+    """
+
+    def __init__(self, patch: int = 2, dim: int = 64, depth: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        if SIDE % patch:
+            raise ValueError(f"patch={patch} must divide the image side {SIDE}")
+        self.patch = patch
+        tokens = (SIDE // patch) ** 2
+        self.embed = nn.Linear(patch * patch, dim)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, tokens + 1, dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, CLASSES)
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Flat digits [b, 64] to embedded tokens [b, 1 + patches, dim], class token first."""
+        b, s = x.shape[0], self.patch
+        img = x.view(b, SIDE // s, s, SIDE // s, s)  # [b, row, s, col, s]
+        patches = img.permute(0, 1, 3, 2, 4).reshape(b, -1, s * s)  # [b, patches, s*s]
+        return torch.cat([self.cls.expand(b, -1, -1), self.embed(patches)], dim=1) + self.pos
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h[:, 0]))  # type: ignore[no-any-return]
+
+
+def build_model(name: str) -> nn.Module:
+    """The model called `name` ("mlp" or "vit"), freshly initialized from torch's current seed."""
+    if name == "mlp":
+        return MLP()
+    if name == "vit":
+        return ViT()
+    raise ValueError(f"unknown model {name!r}; choose mlp or vit")

@@ -1,0 +1,37 @@
+"""The planner's predicted step time for a finished run, when the simulator and a calibration exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def predicted_step_time(summary: dict[str, Any], calibration: Path | None) -> float | None:
+    """ringtree.sim.plan's step time for this run's setup on the calibrated machine, else None.
+
+    The compute time fed to the planner is the measured one (step time minus exposed
+    communication), so the prediction tests the planner's communication model and overlap.
+    """
+    if calibration is None:
+        return None
+    try:
+        from ringtree.sim.closed_form import ALGORITHMS
+        from ringtree.sim.plan import StepConfig, predict_step
+        from ringtree.sim.spec import make_cluster
+    except ImportError:  # a build without the simulator
+        return None
+    if summary["algorithm"] not in ALGORITHMS or summary["mode"] != "ddp":
+        return None  # torch's native algorithm and the master-rank dp mode are not modelled
+    config = StepConfig(
+        params=summary["parameters"],
+        compute_time_s=max(0.0, summary["step_time_s"] - summary["exposed_comm_time_s"])
+        / summary["accumulate"],
+        compression=summary["compression"],
+        overlap=summary["overlap"],
+        bucket_mb=summary["bucket_mb"],
+        accumulate=summary["accumulate"],
+        batch_size=summary["batch_size"],
+    )
+    nodes = summary["nodes"]
+    cluster = make_cluster(nodes, summary["world_size"] // nodes, calibration=calibration)
+    return predict_step(config, cluster, summary["algorithm"]).step_time_s
