@@ -3,8 +3,8 @@
 Pure Python and numpy: nothing here imports torch, so `ringtree plan` starts fast and runs anywhere.
 """
 
-from ringtree.sim.closed_form import ALGORITHMS, estimate
 from ringtree.sim.allreduce import METHODS, Estimate, allreduce_time
+from ringtree.sim.closed_form import ALGORITHMS, estimate
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.presets import INTER, INTRA
 from ringtree.sim.replay import replay_all_reduce

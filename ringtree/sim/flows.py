@@ -44,7 +44,16 @@ class AllToAll:
     stop: int
 
 
-Group = FlowGroup | AllToAll
+@dataclass(frozen=True)
+class Chain:
+    """A dependency chain costed directly: `step_s` seconds at each step of [first, stop)."""
+
+    step_s: float
+    first: int
+    stop: int
+
+
+Group = FlowGroup | AllToAll | Chain
 
 
 def total_time(groups: Sequence[Group], cluster: Cluster, along_paths: bool = False) -> float:
@@ -91,7 +100,7 @@ class StepFlows:
         flows = [g for g in groups if isinstance(g, FlowGroup)]
         self.barrier_s = max(
             (_all_to_all_cost(g, cluster) for g in groups if isinstance(g, AllToAll)), default=0.0
-        )
+        ) + sum(g.step_s for g in groups if isinstance(g, Chain))
         empty = FlowGroup(np.zeros(0, np.int64), np.zeros(0, np.int64), 0.0, False, 0, 0)
         flows = flows or [empty]
         self.src = np.concatenate([g.src for g in flows])
