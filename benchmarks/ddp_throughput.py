@@ -63,7 +63,7 @@ def wrap(net: nn.Module, variant: str, setup: Setup) -> nn.Module:
     return DistributedDataParallel(net, bucket_cap_mb=setup.bucket_mb, algorithm=algorithm, overlap=overlap)
 
 
-def measure(variant: str, setup: Setup) -> dict[str, float]:
+def measure(variant: str, setup: Setup) -> dict[str, float | None]:
     """Samples per second (slowest rank), and ringtree's mean comm and exposed comm per step."""
     net = model(setup.width)
     ddp = wrap(net, variant, setup)
@@ -86,8 +86,8 @@ def measure(variant: str, setup: Setup) -> dict[str, float]:
     n = setup.steps
     return {
         "samples_per_s": setup.batch * dist.get_world_size() * n / seconds,
-        "comm_time_s": statistics.fmean(comm[-n:]) if comm else float("nan"),
-        "exposed_comm_time_s": statistics.fmean(exposed[-n:]) if exposed else float("nan"),
+        "comm_time_s": statistics.fmean(comm[-n:]) if comm else None,  # torch's DDP does not say
+        "exposed_comm_time_s": statistics.fmean(exposed[-n:]) if exposed else None,
         "step_time_s": seconds / n,
     }
 
@@ -105,11 +105,11 @@ def _timed(step: Callable[[], None], setup: Setup) -> float:
 
 
 def worker(rank: int, setup: Setup) -> dict[str, Any]:
-    rounds: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    rounds: dict[str, list[dict[str, float | None]]] = {v: [] for v in VARIANTS}
     for _ in range(setup.rounds):
         for variant in VARIANTS:
             rounds[variant].append(measure(variant, setup))
-    median = {v: sorted(r, key=lambda m: m["samples_per_s"])[len(r) // 2] for v, r in rounds.items()}
+    median = {v: sorted(r, key=lambda m: m["samples_per_s"] or 0.0)[len(r) // 2] for v, r in rounds.items()}
     env = {**environment(), "parameters": sum(p.numel() for p in model(setup.width).parameters())}
     return {"variants": median, "environment": env}
 

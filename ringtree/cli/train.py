@@ -96,7 +96,14 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
 def _report(
     summary: dict[str, Any], results: list[RankResult], trace: Path | None, json_path: Path | None
 ) -> None:
-    print_environment({**environment(), "backend": "gloo", "world_size": summary["world_size"]})
+    print_environment(
+        {
+            **environment(),
+            "backend": "gloo",
+            "world_size": summary["world_size"],
+            "local_world_size": summary["world_size"] // summary["nodes"],
+        }
+    )
     print_table("ringtree train", ["metric", "value"], [[k, _fmt(summary[k])] for k in SUMMARY_KEYS])
     if json_path is not None:
         write_json(json_path, {k: summary[k] for k in SUMMARY_KEYS})
