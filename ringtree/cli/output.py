@@ -15,7 +15,7 @@ console = Console()
 
 
 def print_environment(env: dict[str, Any]) -> None:
-    console.print("# " + "  ".join(f"{k}={v}" for k, v in env.items()), highlight=False)
+    console.print("# " + "  ".join(f"{k}={v}" for k, v in env.items()), highlight=False, soft_wrap=True)
 
 
 def write_json(path: Path, data: Any) -> None:

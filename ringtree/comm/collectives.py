@@ -164,7 +164,7 @@ class _Call:
         group: dist.ProcessGroup | None,
         topology: Topology | None,
         timeout_s: float,
-        root: int = 0,
+        root: int | None = None,
     ) -> None:
         if algorithm not in algorithms(collective):
             raise ValueError(
@@ -187,9 +187,9 @@ class _Call:
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.peers = [_global_rank(group, r) for r in range(self.world_size)]
-        if root not in self.peers:
+        if root is not None and root not in self.peers:
             raise ValueError(f"{collective}: root rank {root} is not in the group {self.peers}")
-        self.root = self.peers.index(root)
+        self.root = 0 if root is None else self.peers.index(root)  # as a group rank
         self.topology = topology or _default_topology(group, self.world_size)
         if self.topology.world_size != self.world_size:
             raise ValueError(

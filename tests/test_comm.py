@@ -1,0 +1,190 @@
+"""Every algorithm against torch.distributed's own collectives, on worlds of 1 to 8 CPU ranks.
+
+One spawned world per world size runs every case and returns the failures it found.
+Tolerance for floats: each implementation adds p values in its own order, each addition
+rounding by at most eps/2 of the partial sum, so two results differ by at most
+2 (p-1) eps sum_r |x_r| elementwise (plus one rounding for avg's division). Integers, max
+and min must be exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ringtree import comm
+from tests.dist_helper import run_world
+
+# The ~1M-element case moves real volume, so it runs on a non-power of two, a power of two and
+# the largest world (every algorithm and dtype there); the small counts run on every world size.
+LARGE_WORLDS = (3, 4, 8)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+TORCH_OP = {
+    "sum": dist.ReduceOp.SUM,
+    "avg": dist.ReduceOp.AVG,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "product": dist.ReduceOp.PRODUCT,
+}
+
+
+def make_input(rank: int, count: int, dtype: torch.dtype, op: str, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    if not dtype.is_floating_point:
+        hi = 3 if op == "product" else 100
+        return torch.randint(-hi, hi + 1, (count,), generator=g, dtype=torch.int64).to(dtype)
+    x = torch.randn(count, generator=g, dtype=torch.float64)
+    return (1 + 0.1 * x if op == "product" else 10 * x).to(dtype)
+
+
+def tolerance(x: torch.Tensor, ref: torch.Tensor, op: str, p: int) -> torch.Tensor | float:
+    if not x.dtype.is_floating_point or op in ("max", "min"):
+        return 0.0
+    eps = torch.finfo(x.dtype).eps
+    if op == "product":
+        return 2 * p * eps * ref.abs().double() + 1e-30
+    scale = x.abs().double()
+    dist.all_reduce(scale)  # sum_r |x_r|
+    if op == "avg":
+        scale = scale / p + ref.abs().double()
+    return 2 * p * eps * scale
+
+
+def compare(got: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, op: str, p: int, label: str) -> list[str]:
+    """Failures: differs from torch beyond tolerance, or differs between ranks at all."""
+    out = []
+    err = (got.double() - ref.double()).abs()
+    if bool((err > tolerance(x, ref, op, p)).any()):
+        out.append(f"{label}: max error {float(err.max()):.3g} vs torch")
+    if not same_on_every_rank(got):
+        out.append(f"{label}: ranks disagree")
+    return out
+
+
+def same_on_every_rank(t: torch.Tensor) -> bool:
+    """Bitwise equality across ranks, through a position-weighted checksum of the raw bytes."""
+    raw = t.contiguous().view(torch.uint8).to(torch.int64)
+    weights = torch.arange(1, raw.numel() + 1, dtype=torch.int64) % 65521
+    digest = torch.stack([raw.sum(), (raw * weights).sum()])
+    hi, lo = digest.clone(), digest.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    return torch.equal(hi, lo)
+
+
+def all_reduce_cases(rank: int) -> list[str]:
+    p = dist.get_world_size()
+    counts = sorted({0, 1, max(p - 1, 0), 1009} | ({(1 << 20) + 1} if p in LARGE_WORLDS else set()))
+    failures = []
+    for algorithm in comm.algorithms("all_reduce"):
+        for dtype in DTYPES:
+            for count in counts:
+                failures += one_all_reduce(algorithm, dtype, count, "sum", seed=count)
+        for op in ("avg", "max", "min", "product"):
+            for dtype in (torch.float32, torch.int32):
+                if not (op == "avg" and dtype == torch.int32):
+                    failures += one_all_reduce(algorithm, dtype, 1009, op, seed=7)
+    return failures
+
+
+def one_all_reduce(algorithm: str, dtype: torch.dtype, count: int, op: str, seed: int) -> list[str]:
+    p, rank = dist.get_world_size(), dist.get_rank()
+    x = make_input(rank, count, dtype, op, seed)
+    ref = x.clone()
+    if op == "avg" and dtype in (torch.float16, torch.bfloat16):
+        ref = ref.float()
+    dist.all_reduce(ref, op=TORCH_OP[op])
+    got = comm.all_reduce(x.clone(), op=op, algorithm=algorithm)
+    return compare(got, x, ref.to(dtype), op, p, f"{algorithm} {dtype} n={count} {op}")
+
+
+@pytest.mark.parametrize("nproc", range(1, 9))
+def test_all_reduce_equals_torch(nproc: int) -> None:
+    failures = run_world(all_reduce_cases, nproc, local=2 if nproc % 2 == 0 else None, timeout=240)
+    assert failures[0] == []
+
+
+def other_collective_cases(rank: int) -> list[str]:
+    p = dist.get_world_size()
+    failures = []
+    for dtype in (torch.float32, torch.int64):
+        for block in (0, 1, 1009):
+            x = make_input(rank, block * p, dtype, "sum", seed=block)
+            want = torch.empty(block, dtype=dtype)
+            dist.reduce_scatter_tensor(want, x.clone())
+            for algorithm in comm.algorithms("reduce_scatter"):
+                got = comm.reduce_scatter(torch.empty(block, dtype=dtype), x.clone(), algorithm=algorithm)
+                failures += _exact_or_close(got, want, x, p, f"reduce_scatter {algorithm} {dtype} {block}")
+            mine = make_input(rank, block, dtype, "sum", seed=block)
+            every = [torch.empty_like(mine) for _ in range(p)]
+            dist.all_gather(every, mine)
+            for algorithm in comm.algorithms("all_gather"):
+                got = comm.all_gather(torch.empty(block * p, dtype=dtype), mine, algorithm=algorithm)
+                if not torch.equal(got, torch.cat(every)):
+                    failures.append(f"all_gather {algorithm} {dtype} {block}")
+            for root in {0, p - 1}:
+                failures += rooted_cases(rank, p, dtype, block * p + 3, root)
+    return failures
+
+
+def rooted_cases(rank: int, p: int, dtype: torch.dtype, count: int, root: int) -> list[str]:
+    failures = []
+    x = make_input(rank, count, dtype, "sum", seed=count)
+    want_b = x.clone()
+    dist.broadcast(want_b, root)
+    want_r = x.clone()
+    dist.reduce(want_r, root)
+    for algorithm in comm.algorithms("broadcast"):
+        if not torch.equal(comm.broadcast(x.clone(), root, algorithm=algorithm), want_b):
+            failures.append(f"broadcast {algorithm} {dtype} root={root}")
+    for algorithm in comm.algorithms("reduce"):
+        got = comm.reduce(x.clone(), root, algorithm=algorithm)
+        if rank == root:
+            failures += _exact_or_close(got, want_r, x, p, f"reduce {algorithm} {dtype} root={root}")
+    return failures
+
+
+def _exact_or_close(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, p: int, label: str) -> list[str]:
+    if not got.dtype.is_floating_point:
+        return [] if torch.equal(got, want) else [label]
+    bound = 2 * p * torch.finfo(got.dtype).eps * 10 * p * 6  # |x| < 6 sigma of 10 * N(0, 1)
+    err = float((got.double() - want.double()).abs().max()) if got.numel() else 0.0
+    return [] if err <= bound else [f"{label}: error {err:.3g}"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 3, 4, 5, 8])
+def test_other_collectives_equal_torch(nproc: int) -> None:
+    assert run_world(other_collective_cases, nproc, timeout=180)[0] == []
+
+
+def layout_and_group_cases(rank: int) -> list[str]:
+    p = dist.get_world_size()
+    failures = []
+    base = make_input(rank, 6 * 10, torch.float32, "sum", seed=3).view(6, 10)
+    for algorithm in comm.algorithms("all_reduce"):
+        strided = base.clone()[:, ::3]  # not contiguous: reduced in a copy, written back
+        assert not strided.is_contiguous()
+        ref = strided.contiguous()
+        dist.all_reduce(ref)
+        comm.all_reduce(strided, algorithm=algorithm)
+        if not torch.allclose(strided, ref, atol=1e-4):
+            failures.append(f"non-contiguous {algorithm}")
+    members = list(range(1, p))
+    group = dist.new_group(members)  # every rank must create it, members or not
+    if rank in members:
+        x = make_input(rank, 1009, torch.int64, "sum", seed=5)
+        ref = x.clone()
+        dist.all_reduce(ref, group=group)
+        for algorithm in comm.algorithms("all_reduce"):
+            if not torch.equal(comm.all_reduce(x.clone(), algorithm=algorithm, group=group), ref):
+                failures.append(f"subgroup {algorithm}")
+        want = x.clone()
+        dist.broadcast(want, members[-1], group=group)
+        if not torch.equal(comm.broadcast(x.clone(), members[-1], group=group), want):
+            failures.append("subgroup broadcast from its last member")
+    return failures
+
+
+def test_non_contiguous_tensors_and_subgroups() -> None:
+    assert run_world(layout_and_group_cases, 4) == [[], [], [], []]
