@@ -1,6 +1,22 @@
 """ringtree: every classic all-reduce, a simulator that predicts them, and parallel training."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from ringtree.topology import Topology
 
+if TYPE_CHECKING:
+    from ringtree.parallel import DistributedDataParallel
+
 __version__ = "0.1.0"
-__all__ = ["Topology", "__version__"]
+__all__ = ["DistributedDataParallel", "Topology", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # torch-backed names load on first use, so pure-Python parts (schedules, sim, plan) start fast.
+    if name == "DistributedDataParallel":
+        from ringtree.parallel import DistributedDataParallel
+
+        return DistributedDataParallel
+    raise AttributeError(f"module 'ringtree' has no attribute {name!r}")

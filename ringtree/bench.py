@@ -140,8 +140,7 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
     dtype = torch_dtype(cfg.dtype)
     p = dist.get_world_size()
     rows = []
-    for nbytes in cfg.sizes():
-        count = _count(cfg.collective, nbytes, dtype, p)
+    for count in _counts(cfg, dtype, p):
         for algorithm in cfg.algorithm_list():
             seconds = _time(cfg, algorithm, count, dtype)
             wrong = _check(cfg, algorithm, count, dtype)
@@ -164,6 +163,11 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
             if on_row is not None:
                 on_row(row)
     return rows
+
+
+def _counts(cfg: BenchConfig, dtype: torch.dtype, p: int) -> list[int]:
+    """Element counts of the sweep; sizes that round to the same count are measured once."""
+    return list(dict.fromkeys(_count(cfg.collective, nbytes, dtype, p) for nbytes in cfg.sizes()))
 
 
 def _count(collective: str, nbytes: int, dtype: torch.dtype, p: int) -> int:
@@ -290,7 +294,7 @@ def worker(rank: int, cfg: BenchConfig, show_progress: bool = True) -> list[dict
         return [r.as_dict() for r in run_sweep(cfg)]
     from rich.progress import Progress
 
-    total = len(cfg.sizes()) * len(cfg.algorithm_list())
+    total = len(_counts(cfg, torch_dtype(cfg.dtype), dist.get_world_size())) * len(cfg.algorithm_list())
     with Progress(transient=True) as bar:
         task = bar.add_task(f"{cfg.collective} x {dist.get_world_size()} ranks", total=total)
         rows = run_sweep(cfg, on_row=lambda _: bar.advance(task))

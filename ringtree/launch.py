@@ -49,13 +49,15 @@ def spawn(
     timeout_s: float = 120.0,
     local_world_size: int | None = None,
     collective_timeout_s: float = DEFAULT_TIMEOUT_S,
+    allow_missing: bool = False,
 ) -> list[Any]:
     """Run fn(rank, *args) on nproc local processes in one process group; return each rank's result.
 
     A worker that raises makes spawn raise with its traceback (the others are terminated); a
     world that has not finished within timeout_s is killed and raises TimeoutError. Nothing hangs.
     `local_world_size` pretends the processes sit on nproc/local_world_size nodes, so that
-    topology-aware algorithms can be exercised on one machine.
+    topology-aware algorithms can be exercised on one machine. A rank that exits cleanly without
+    returning (os._exit(0), as fault tests do) is an error, or None with allow_missing=True.
     """
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
@@ -80,7 +82,7 @@ def spawn(
                     f"{nproc} ranks running {getattr(fn, '__name__', fn)} did not finish within "
                     f"{timeout_s:.0f}s; they were killed"
                 )
-        return [_load(Path(tmp) / f"result-{r}.pkl") for r in range(nproc)]
+        return [_load(Path(tmp) / f"result-{r}.pkl", r, allow_missing) for r in range(nproc)]
 
 
 def _worker(
@@ -117,6 +119,10 @@ def _worker(
         dist.destroy_process_group()
 
 
-def _load(path: Path) -> Any:
+def _load(path: Path, rank: int, allow_missing: bool) -> Any:
+    if not path.exists():
+        if allow_missing:
+            return None
+        raise RuntimeError(f"rank {rank} exited without returning a result")
     with open(path, "rb") as f:
         return pickle.load(f)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree import comm
-from tests.dist_helper import run_world
+from ringtree.launch import spawn
 
 # The ~1M-element case moves real volume, so it runs on a non-power of two, a power of two and
 # the largest world (every algorithm and dtype there); the small counts run on every world size.
@@ -38,70 +38,73 @@ def make_input(rank: int, count: int, dtype: torch.dtype, op: str, seed: int) ->
     return (1 + 0.1 * x if op == "product" else 10 * x).to(dtype)
 
 
-def tolerance(x: torch.Tensor, ref: torch.Tensor, op: str, p: int) -> torch.Tensor | float:
+def tolerance(rank_inputs: list[torch.Tensor], ref: torch.Tensor, op: str) -> torch.Tensor | float:
+    """The largest difference two correct implementations may show (see the module docstring)."""
+    x = rank_inputs[0]
+    p = len(rank_inputs)
     if not x.dtype.is_floating_point or op in ("max", "min"):
         return 0.0
     eps = torch.finfo(x.dtype).eps
     if op == "product":
         return 2 * p * eps * ref.abs().double() + 1e-30
-    scale = x.abs().double()
-    dist.all_reduce(scale)  # sum_r |x_r|
+    scale = torch.stack([t.abs().double() for t in rank_inputs]).sum(0)  # sum_r |x_r|
     if op == "avg":
         scale = scale / p + ref.abs().double()
     return 2 * p * eps * scale
 
 
-def compare(got: torch.Tensor, x: torch.Tensor, ref: torch.Tensor, op: str, p: int, label: str) -> list[str]:
-    """Failures: differs from torch beyond tolerance, or differs between ranks at all."""
-    out = []
-    err = (got.double() - ref.double()).abs()
-    if bool((err > tolerance(x, ref, op, p)).any()):
-        out.append(f"{label}: max error {float(err.max()):.3g} vs torch")
-    if not same_on_every_rank(got):
-        out.append(f"{label}: ranks disagree")
-    return out
-
-
-def same_on_every_rank(t: torch.Tensor) -> bool:
-    """Bitwise equality across ranks, through a position-weighted checksum of the raw bytes."""
-    raw = t.contiguous().view(torch.uint8).to(torch.int64)
-    weights = torch.arange(1, raw.numel() + 1, dtype=torch.int64) % 65521
-    digest = torch.stack([raw.sum(), (raw * weights).sum()])
-    hi, lo = digest.clone(), digest.clone()
+def same_on_every_rank(digests: list[torch.Tensor]) -> list[bool]:
+    """Bitwise equality across ranks of many results at once, by position-weighted byte checksums."""
+    if not digests:
+        return []
+    mine = torch.stack(digests)
+    hi, lo = mine.clone(), mine.clone()
     dist.all_reduce(hi, op=dist.ReduceOp.MAX)
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    return torch.equal(hi, lo)
+    return [bool(x) for x in (hi == lo).all(1)]
+
+
+def digest(t: torch.Tensor) -> torch.Tensor:
+    raw = t.contiguous().view(torch.uint8).to(torch.int64)
+    weights = torch.arange(1, raw.numel() + 1, dtype=torch.int64) % 65521
+    return torch.stack([raw.sum(), (raw * weights).sum()])
 
 
 def all_reduce_cases(rank: int) -> list[str]:
+    """Each input is reduced once by torch (the reference) and then by every algorithm; the
+    cross-rank bitwise check runs once at the end for all results together."""
     p = dist.get_world_size()
     counts = sorted({0, 1, max(p - 1, 0), 1009} | ({(1 << 20) + 1} if p in LARGE_WORLDS else set()))
-    failures = []
-    for algorithm in comm.algorithms("all_reduce"):
-        for dtype in DTYPES:
-            for count in counts:
-                failures += one_all_reduce(algorithm, dtype, count, "sum", seed=count)
-        for op in ("avg", "max", "min", "product"):
-            for dtype in (torch.float32, torch.int32):
-                if not (op == "avg" and dtype == torch.int32):
-                    failures += one_all_reduce(algorithm, dtype, 1009, op, seed=7)
+    inputs = [(dtype, count, "sum") for dtype in DTYPES for count in counts]
+    inputs += [
+        (dtype, 1009, op) for op in ("avg", "max", "min", "product") for dtype in (torch.float32, torch.int32)
+    ]
+    failures, labels, digests = [], [], []
+    for n, (dtype, count, op) in enumerate(inputs):
+        if op == "avg" and not dtype.is_floating_point:
+            continue
+        every = [make_input(r, count, dtype, op, seed=n) for r in range(p)]  # every rank's input
+        x = every[rank]
+        ref = x.float() if op == "avg" and dtype in (torch.float16, torch.bfloat16) else x.clone()
+        dist.all_reduce(ref, op=TORCH_OP[op])
+        ref = ref.to(dtype)
+        bound = tolerance(every, ref, op)
+        for k, algorithm in enumerate(comm.algorithms("all_reduce")):
+            label = f"{algorithm} {dtype} n={count} {op}"
+            got = comm.all_reduce(x.clone(), op=op, algorithm=algorithm, validate=k == 0)
+            err = (got.double() - ref.double()).abs()
+            if bool((err > bound).any()):
+                failures.append(f"{label}: max error {float(err.max()):.3g} vs torch")
+            labels.append(label)
+            digests.append(digest(got))
+    agree = same_on_every_rank(digests)
+    failures += [f"{label}: ranks disagree" for label, ok in zip(labels, agree, strict=True) if not ok]
     return failures
-
-
-def one_all_reduce(algorithm: str, dtype: torch.dtype, count: int, op: str, seed: int) -> list[str]:
-    p, rank = dist.get_world_size(), dist.get_rank()
-    x = make_input(rank, count, dtype, op, seed)
-    ref = x.clone()
-    if op == "avg" and dtype in (torch.float16, torch.bfloat16):
-        ref = ref.float()
-    dist.all_reduce(ref, op=TORCH_OP[op])
-    got = comm.all_reduce(x.clone(), op=op, algorithm=algorithm)
-    return compare(got, x, ref.to(dtype), op, p, f"{algorithm} {dtype} n={count} {op}")
 
 
 @pytest.mark.parametrize("nproc", range(1, 9))
 def test_all_reduce_equals_torch(nproc: int) -> None:
-    failures = run_world(all_reduce_cases, nproc, local=2 if nproc % 2 == 0 else None, timeout=240)
+    failures = spawn(all_reduce_cases, nproc, local_world_size=2 if nproc % 2 == 0 else None, timeout_s=240)
     assert failures[0] == []
 
 
@@ -155,7 +158,7 @@ def _exact_or_close(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, p: i
 
 @pytest.mark.parametrize("nproc", [1, 2, 3, 4, 5, 8])
 def test_other_collectives_equal_torch(nproc: int) -> None:
-    assert run_world(other_collective_cases, nproc, timeout=180)[0] == []
+    assert spawn(other_collective_cases, nproc, timeout_s=180)[0] == []
 
 
 def layout_and_group_cases(rank: int) -> list[str]:
@@ -187,4 +190,4 @@ def layout_and_group_cases(rank: int) -> list[str]:
 
 
 def test_non_contiguous_tensors_and_subgroups() -> None:
-    assert run_world(layout_and_group_cases, 4) == [[], [], [], []]
+    assert spawn(layout_and_group_cases, 4, timeout_s=120) == [[], [], [], []]

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ringtree.bench import ROW_KEYS, BenchConfig, environment, worker
 from ringtree.cli.app import app
 from ringtree.cli.output import print_environment, print_table, write_json
-from ringtree.launch import default_backend, init_from_env, spawn, under_torchrun
 from ringtree.units import format_size, parse_size
+
+if TYPE_CHECKING:  # torch loads only when the command runs, so other commands start fast
+    from ringtree.bench import BenchConfig
 
 
 @app.command()
@@ -36,6 +37,8 @@ def bench(
     plot: Path | None = typer.Option(None, help="Write a PNG of busbw and time against size."),
 ) -> None:
     """Measure collective algorithms side by side: time, algbw, busbw and wrong elements per size."""
+    from ringtree.bench import ROW_KEYS, BenchConfig
+
     try:
         cfg = BenchConfig(
             collective=collective,
@@ -99,6 +102,9 @@ def _run(cfg: BenchConfig, nproc: int, local_size: int) -> tuple[list[dict[str, 
     """Under torchrun: run in this world. Otherwise spawn nproc local ranks."""
     import torch.distributed as dist
 
+    from ringtree.bench import environment, worker
+    from ringtree.launch import default_backend, init_from_env, spawn, under_torchrun
+
     backend = default_backend(cfg.device)
     if under_torchrun():
         init_from_env(backend, cfg.timeout_s)
@@ -121,4 +127,6 @@ def _run(cfg: BenchConfig, nproc: int, local_size: int) -> tuple[list[dict[str, 
 
 
 def _spawned(rank: int, cfg: BenchConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from ringtree.bench import environment, worker
+
     return worker(rank, cfg), environment(cfg.device)

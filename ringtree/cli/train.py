@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ringtree.bench import environment
 from ringtree.cli.app import app
 from ringtree.cli.output import print_environment, print_table, write_json
-from ringtree.launch import init_from_env, spawn, under_torchrun
-from ringtree.train import RankResult, TrainConfig
-from ringtree.train import trace as chrome
-from ringtree.train import train as train_rank
-from ringtree.train.metrics import SUMMARY_KEYS
-from ringtree.train.planning import predicted_step_time
+
+if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` starts fast
+    from ringtree.train import RankResult, TrainConfig
 
 
 @app.command()
@@ -44,6 +40,9 @@ def train(
     ),
 ) -> None:
     """Train a model on the 8x8 digits with data parallelism and report accuracy and throughput."""
+    from ringtree.train import TrainConfig
+    from ringtree.train.planning import predicted_step_time
+
     try:
         cfg = TrainConfig(
             model=model,
@@ -77,6 +76,9 @@ def train(
 
 def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None:
     """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise spawn."""
+    from ringtree.launch import init_from_env, spawn, under_torchrun
+    from ringtree.train import train as train_rank
+
     if under_torchrun():
         import torch.distributed as dist
 
@@ -96,6 +98,10 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
 def _report(
     summary: dict[str, Any], results: list[RankResult], trace: Path | None, json_path: Path | None
 ) -> None:
+    from ringtree.bench import environment
+    from ringtree.train import trace as chrome
+    from ringtree.train.metrics import SUMMARY_KEYS
+
     print_environment(
         {
             **environment(),

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree import schedules
-from ringtree.comm.errors import MismatchError
+from ringtree.comm.errors import CollectiveError, MismatchError
 from ringtree.comm.executor import execute
 from ringtree.comm.reduce_ops import COMBINE, DTYPES, OPS, TORCH_OP, check_op
 from ringtree.topology import Topology
@@ -47,7 +47,7 @@ def all_reduce(
         call.handshake()
     with _contiguous(tensor) as flat:
         if algorithm == NATIVE:
-            dist.all_reduce(flat, op=TORCH_OP[op], group=group)
+            call.wait_native(dist.all_reduce(flat, op=TORCH_OP[op], group=group, async_op=True), "native")
         else:
             call.run(flat)
             call.finish_avg(flat)
@@ -71,7 +71,10 @@ def reduce_scatter(
         call.handshake()
     if algorithm == NATIVE:
         with _contiguous(output) as out:
-            dist.reduce_scatter_tensor(out, input.contiguous(), op=TORCH_OP[op], group=group)
+            work = dist.reduce_scatter_tensor(
+                out, input.contiguous(), op=TORCH_OP[op], group=group, async_op=True
+            )
+            call.wait_native(work, "native")
         return output
     work = input.contiguous().view(-1).clone()
     call.run(work)
@@ -100,7 +103,7 @@ def all_gather(
         n = input.numel()
         if algorithm == NATIVE:
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            gather(flat, input.contiguous().view(-1), group=group)
+            call.wait_native(gather(flat, input.contiguous().view(-1), group=group, async_op=True), "native")
         else:
             flat[call.rank * n : (call.rank + 1) * n].copy_(input.reshape(-1))
             call.run(flat)
@@ -122,7 +125,7 @@ def broadcast(
         call.handshake()
     with _contiguous(tensor) as flat:
         if algorithm == NATIVE:
-            dist.broadcast(flat, src, group=group)
+            call.wait_native(dist.broadcast(flat, src, group=group, async_op=True), "native")
         else:
             call.run(flat)
     return tensor
@@ -144,7 +147,7 @@ def reduce(
         call.handshake()
     with _contiguous(tensor) as flat:
         if algorithm == NATIVE:
-            dist.reduce(flat, dst, op=TORCH_OP[op], group=group)
+            call.wait_native(dist.reduce(flat, dst, op=TORCH_OP[op], group=group, async_op=True), "native")
         else:
             call.run(flat)
             if call.rank == call.root:
@@ -220,6 +223,20 @@ class _Call:
             what=what,
         )
 
+    def wait_native(self, work: dist.Work | None, stage: str) -> None:
+        """Wait for a torch.distributed work with this call's timeout, raising CollectiveError."""
+        if work is None:
+            return
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as e:
+            raise CollectiveError(
+                f"ringtree {self.collective}(algorithm={self.algorithm!r}) {stage} on rank "
+                f"{dist.get_rank()} failed or timed out after {self.timeout.total_seconds():g}s: "
+                f"{str(e).splitlines()[0][:300]}. A peer probably died or is not calling "
+                f"{self.collective}; check the other ranks' logs."
+            ) from e
+
     def finish_avg(self, flat: torch.Tensor) -> None:
         if self.op == "avg":
             flat.div_(self.world_size)
@@ -237,7 +254,7 @@ class _Call:
         }
         mine = torch.tensor(list(fields.values()), dtype=torch.int64, device=self.tensor.device)
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(every, mine, group=self.group)
+        self.wait_native(dist.all_gather(every, mine, group=self.group, async_op=True), "handshake")
         table = torch.stack(every).cpu().tolist()
         for j, name in enumerate(fields):
             values = [row[j] for row in table]

@@ -1,0 +1,5 @@
+"""`python -m ringtree ...` (and `torchrun ... -m ringtree ...`) runs the command-line interface."""
+
+from ringtree.cli import main
+
+main()
