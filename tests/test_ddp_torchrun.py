@@ -35,8 +35,16 @@ def torchrun(script: Path, *args: str, nproc: int = 2) -> subprocess.CompletedPr
         *args,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0 or _teardown_abort(done, nproc), done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+def _teardown_abort(done: subprocess.CompletedProcess[str], nproc: int) -> bool:
+    """Under heavy load torch's gloo teardown sometimes aborts a process after the script has
+    finished ("terminate called without an active exception"). Accept exactly that: every rank
+    printed its last line and the abort came after."""
+    finished = done.stdout.count("Finished running") == nproc
+    return finished and "terminate called without an active exception" in done.stderr
 
 
 def test_tutorial_script_matches_torch_ddp(tmp_path: Path) -> None:
