@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import torch
@@ -30,7 +31,7 @@ def execute(
     schedule order, so every rank reduces in the same order and results agree bitwise.
     """
     steps = schedule.for_rank(rank)
-    scratch = torch.empty(schedule.scratch_count(rank), dtype=buf.dtype, device=buf.device)
+    scratch = _scratch(schedule.scratch_count(rank), buf.dtype, buf.device)
     for t, step in enumerate(steps):
         if not step:
             continue
@@ -49,6 +50,22 @@ def execute(
         _wait(dist.batch_isend_irecv(p2p), step, t, len(steps), peers, timeout, what)
         for acc, incoming in reductions:
             combine(acc, incoming)
+
+
+_cache = threading.local()
+
+
+def _scratch(count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A receive buffer of `count` elements, kept between calls (per thread, dtype and device).
+
+    A fresh large tensor costs a page fault per 4 KiB page on first touch; reusing one keeps
+    that out of every call, as gloo and NCCL keep their own buffers.
+    """
+    buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = _cache.__dict__.setdefault("buffers", {})
+    have = buffers.get((dtype, device))
+    if have is None or have.numel() < count:
+        have = buffers[(dtype, device)] = torch.empty(count, dtype=dtype, device=device)
+    return have[:count]
 
 
 def _wait(
