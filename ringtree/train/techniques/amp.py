@@ -1,0 +1,81 @@
+"""Mixed precision: torch.autocast (bf16 anywhere, fp16 on CUDA with GradScaler); skipped steps counted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import nn
+
+AMP_MODES = ("off", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_amp(mode: str, device_type: str) -> None:
+    """Raise ValueError for an unknown mode, or fp16 off CUDA (where ringtree has no loss scaling)."""
+    if mode not in AMP_MODES:
+        raise ValueError(f"unknown amp {mode!r}; choose one of {', '.join(AMP_MODES)}")
+    if mode == "fp16" and device_type != "cuda":
+        raise ValueError(
+            f"--amp fp16 needs a CUDA device, this run is on {device_type!r}: fp16's narrow exponent "
+            "range needs dynamic loss scaling (GradScaler), which is for CUDA; use --amp bf16 on CPU "
+            "(fp32's exponent range, no scaling needed)"
+        )
+
+
+class MixedPrecision:
+    """Autocast for forward, loss scaling for backward (fp16), and a count of the steps not applied.
+
+    A step whose gradients hold inf or NaN is skipped, never applied: with fp16 GradScaler skips it
+    and lowers its scale; with bf16 (no scaler) `step` checks the gradients itself. `finite` lets a
+    data-parallel caller agree across ranks before stepping (see `all_finite`).
+    """
+
+    def __init__(self, mode: str, device_type: str = "cpu") -> None:
+        check_amp(mode, device_type)
+        self.mode = mode
+        self.device_type = device_type
+        self.scaler = torch.amp.GradScaler(device_type) if mode == "fp16" else None
+        self.skipped_steps = 0
+
+    def autocast(self) -> AbstractContextManager[object]:
+        """The context for forward and the loss (nothing when amp is off)."""
+        if self.mode == "off":
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=_DTYPES[self.mode])
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """loss.backward(), scaled first under fp16."""
+        scaled = loss if self.scaler is None else self.scaler.scale(loss)
+        scaled.backward()  # type: ignore[no-untyped-call]
+
+    def step(self, optimizer: torch.optim.Optimizer, finite: bool | None = None) -> bool:
+        """Step unless the gradients are not finite; True when the step was applied.
+
+        finite: the caller's verdict (e.g. agreed across ranks); None checks the local gradients.
+        """
+        if self.scaler is not None:
+            return self._scaled_step(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        ok = all_finite(params) if finite is None else finite
+        if ok:
+            optimizer.step()
+        else:
+            self.skipped_steps += 1
+        return ok
+
+    def _scaled_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        assert self.scaler is not None
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)  # skipped by the scaler when a gradient is inf or NaN
+        self.scaler.update()
+        applied = self.scaler.get_scale() >= before  # the scale drops exactly when it skipped
+        self.skipped_steps += 0 if applied else 1
+        return applied
+
+
+def all_finite(params: Iterable[nn.Parameter | torch.Tensor]) -> bool:
+    """True when no gradient holds inf or NaN (parameters without a gradient count as finite)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return all(bool(torch.isfinite(g).all()) for g in grads)

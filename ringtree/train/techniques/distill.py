@@ -1,0 +1,68 @@
+"""Knowledge distillation (Hinton et al., 2015): a student learns from a teacher's softened outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ringtree.train import checkpoint
+
+
+def distillation_loss(
+    student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float, alpha: float
+) -> torch.Tensor:
+    """alpha x T^2 x KL(softmax(teacher/T) || softmax(student/T)) + (1 - alpha) x cross-entropy.
+
+    The T^2 keeps the soft term's gradients on the same scale as the hard one's whatever T is.
+    student, teacher: logits [b, classes]; labels [b].
+    """
+    log_p_student = F.log_softmax(student / temperature, dim=1)
+    log_p_teacher = F.log_softmax(teacher / temperature, dim=1)
+    soft = F.kl_div(log_p_student, log_p_teacher, reduction="batchmean", log_target=True)
+    hard = F.cross_entropy(student, labels)
+    return alpha * temperature**2 * soft + (1 - alpha) * hard
+
+
+def check_distill(temperature: float, alpha: float) -> None:
+    """Raise ValueError for a temperature that is not positive or an alpha outside [0, 1]."""
+    if temperature <= 0:
+        raise ValueError(f"distill temperature must be positive, got {temperature}")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"distill alpha must be between 0 and 1 (the soft loss's weight), got {alpha}")
+
+
+def load_teacher(path: str | Path, build: Callable[[str], nn.Module]) -> tuple[nn.Module, str]:
+    """The model a `ringtree train --checkpoint-dir` run saved (the file or its folder), in eval mode.
+
+    build(name) makes an empty model of the checkpoint's recorded kind; returns (model, name).
+    """
+    file = _checkpoint_file(Path(path))
+    state = torch.load(file, map_location="cpu", weights_only=True)  # tensors only: no code runs
+    name = state.get("model_name") if isinstance(state, dict) else None
+    if not isinstance(name, str) or "model" not in state:
+        raise ValueError(
+            f"{file} records no model kind ('model_name') or weights ('model'); "
+            "pass a checkpoint that `ringtree train --checkpoint-dir DIR` wrote"
+        )
+    teacher = build(name)
+    try:
+        teacher.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise ValueError(f"{file} does not fit a fresh {name!r} model: {e}") from None
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher, name
+
+
+def _checkpoint_file(path: Path) -> Path:
+    file = path / checkpoint.LATEST if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(
+            f"no teacher checkpoint at {file}; train one first with "
+            "`ringtree train --checkpoint-dir DIR` and pass --teacher DIR (or DIR/last.pt)"
+        )
+    return file
