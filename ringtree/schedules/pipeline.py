@@ -1,0 +1,169 @@
+"""Pipeline schedules as data: GPipe, 1F1B (PipeDream-Flush) and asynchronous PipeDream, per stage.
+
+Indices, used the same way everywhere: p stages, m micro-batches, j stage, i micro-batch, v weight
+version (the number of optimizer steps a stage had taken when the version was current).
+
+A schedule is, for every stage, an ordered list of actions: forward of micro-batch i, backward of
+micro-batch i, optimizer step. The transfers follow from the actions: the forward of i on stage j
+receives i's activation from stage j-1 (unless j = 0) and sends its output to j+1 (unless j is the
+last stage); the backward of i receives the gradient from j+1 and sends the input's gradient to
+j-1. Sends never block (they are buffered); receives do. `dry_run` plays the schedule with those
+rules and raises DeadlockError when no stage can move. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+    STEP = "S"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing a stage does: forward or backward of micro-batch i with weight version v, or a step."""
+
+    kind: Kind
+    micro_batch: int = -1  # -1 for a step
+    version: int = 0  # weights a forward/backward uses; for a step, the version it creates
+
+    def __str__(self) -> str:
+        return self.kind.value if self.kind is Kind.STEP else f"{self.kind.value}{self.micro_batch}"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A tensor that moves between stages: an activation forward or a gradient backward."""
+
+    what: str  # "activation" or "gradient"
+    micro_batch: int
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class PipelineSchedule:
+    """The actions of every stage of one pipeline, in order."""
+
+    name: str
+    stages: int
+    micro_batches: int
+    actions: tuple[tuple[Action, ...], ...]  # [stage j][k]
+
+    def describe(self, j: int) -> str:
+        """Stage j's actions as text, e.g. 'F0 F1 B0 B1 S'."""
+        return " ".join(str(a) for a in self.actions[j])
+
+    def recv_of(self, j: int, a: Action) -> Transfer | None:
+        """What stage j must receive before it can run action a (None: nothing)."""
+        if a.kind is Kind.FORWARD and j > 0:
+            return Transfer("activation", a.micro_batch, j - 1, j)
+        if a.kind is Kind.BACKWARD and j < self.stages - 1:
+            return Transfer("gradient", a.micro_batch, j + 1, j)
+        return None
+
+    def send_of(self, j: int, a: Action) -> Transfer | None:
+        """What stage j sends once action a is done (None: nothing)."""
+        if a.kind is Kind.FORWARD and j < self.stages - 1:
+            return Transfer("activation", a.micro_batch, j, j + 1)
+        if a.kind is Kind.BACKWARD and j > 0:
+            return Transfer("gradient", a.micro_batch, j, j - 1)
+        return None
+
+
+def _check(p: int, m: int) -> None:
+    if p < 1 or m < 1:
+        raise ValueError(
+            f"a pipeline needs at least 1 stage and 1 micro-batch, got stages={p}, micro_batches={m}"
+        )
+
+
+def gpipe(p: int, m: int) -> PipelineSchedule:
+    """Fill-drain: all m forwards, then all m backwards, then one synchronous step."""
+    _check(p, m)
+    stage = (
+        *(Action(Kind.FORWARD, i) for i in range(m)),
+        *(Action(Kind.BACKWARD, i) for i in range(m)),
+        Action(Kind.STEP, version=1),
+    )
+    return PipelineSchedule("gpipe", p, m, (stage,) * p)
+
+
+def warmup(p: int, m: int, j: int) -> int:
+    """Forwards stage j runs before its first backward in 1F1B: p - 1 - j, at most m."""
+    return min(p - 1 - j, m)
+
+
+def one_f_one_b_order(p: int, m: int, j: int) -> list[tuple[Kind, int]]:
+    """Stage j's 1F1B order: warm-up forwards, then forward i+w / backward i pairs, then the drain."""
+    w = warmup(p, m, j)
+    order = [(Kind.FORWARD, i) for i in range(w)]
+    for i in range(m - w):
+        order += [(Kind.FORWARD, i + w), (Kind.BACKWARD, i)]
+    return order + [(Kind.BACKWARD, i) for i in range(m - w, m)]
+
+
+def one_f_one_b(p: int, m: int) -> PipelineSchedule:
+    """PipeDream-Flush: 1F1B order and one synchronous step; at most p - j micro-batches in flight."""
+    _check(p, m)
+    stages = tuple(
+        (*(Action(k, i) for k, i in one_f_one_b_order(p, m, j)), Action(Kind.STEP, version=1))
+        for j in range(p)
+    )
+    return PipelineSchedule("1f1b", p, m, stages)
+
+
+def pipedream(p: int, m: int, vertical_sync: bool = False) -> PipelineSchedule:
+    """Asynchronous 1F1B without a flush: a step after every backward, weights stashed per micro-batch.
+
+    The forward of i on stage j uses the newest weights (version i - (p-1-j) in the steady state) and
+    its backward the same, stashed version. With vertical sync every stage uses version i - (p-1),
+    the one stage 0 used, so one micro-batch sees the same weight version across the pipeline.
+    """
+    _check(p, m)
+    return PipelineSchedule(
+        "pipedream-vs" if vertical_sync else "pipedream",
+        p,
+        m,
+        tuple(_pipedream_stage(p, m, j, vertical_sync) for j in range(p)),
+    )
+
+
+def _pipedream_stage(p: int, m: int, j: int, vertical_sync: bool) -> tuple[Action, ...]:
+    actions: list[Action] = []
+    steps, used = 0, {}
+    for kind, i in one_f_one_b_order(p, m, j):
+        if kind is Kind.FORWARD:
+            used[i] = max(0, i - (p - 1)) if vertical_sync else steps
+            actions.append(Action(kind, i, used[i]))
+        else:
+            steps += 1
+            actions += [Action(kind, i, used[i]), Action(Kind.STEP, version=steps)]
+    return tuple(actions)
+
+
+SCHEDULES: dict[str, Callable[[int, int], PipelineSchedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "pipedream": pipedream,
+    "pipedream-vs": lambda p, m: pipedream(p, m, vertical_sync=True),
+}
+SYNCHRONOUS = ("gpipe", "1f1b")
+
+
+def build(name: str, p: int, m: int) -> PipelineSchedule:
+    """The schedule called `name` for p stages and m micro-batches."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    return SCHEDULES[name](p, m)
+
+
+def theoretical_bubble_fraction(p: int, m: int) -> float:
+    """GPipe's bubble: (p-1)/(m+p-1) of every stage's time is idle (equal stages, free transfers)."""
+    _check(p, m)
+    return (p - 1) / (m + p - 1)

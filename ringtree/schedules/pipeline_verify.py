@@ -1,0 +1,112 @@
+"""Checks of a pipeline schedule as data: a dry run for deadlocks, activations in flight, weight versions.
+
+Indices as in ringtree.schedules.pipeline: p stages, m micro-batches, j stage, i micro-batch, v version.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+from ringtree.schedules.pipeline import Action, Kind, PipelineSchedule
+
+
+class DeadlockError(RuntimeError):
+    """No stage of a pipeline schedule can make progress: each waits for a transfer never sent."""
+
+
+def check_actions(s: PipelineSchedule) -> None:
+    """Every stage runs the forward and the backward of every micro-batch once, forward first."""
+    for j, actions in enumerate(s.actions):
+        forwards = [a.micro_batch for a in actions if a.kind is Kind.FORWARD]
+        backwards = [a.micro_batch for a in actions if a.kind is Kind.BACKWARD]
+        if sorted(forwards) != list(range(s.micro_batches)) or sorted(backwards) != sorted(forwards):
+            raise ValueError(
+                f"stage {j}: forwards {forwards} and backwards {backwards} must each be 0..m-1 once"
+            )
+        for i in forwards:
+            if _position(actions, Kind.BACKWARD, i) < _position(actions, Kind.FORWARD, i):
+                raise ValueError(f"stage {j}: the backward of micro-batch {i} comes before its forward")
+
+
+def _position(actions: tuple[Action, ...], kind: Kind, i: int) -> int:
+    return next(k for k, a in enumerate(actions) if a.kind is kind and a.micro_batch == i)
+
+
+def dry_run(s: PipelineSchedule) -> int:
+    """Play the schedule with buffered sends and blocking receives; the rounds it takes.
+
+    Transfers between two stages must be received in the order they were sent (point-to-point
+    messages match in order), so an out-of-order receive is an error as well as a deadlock.
+    """
+    check_actions(s)
+    channels: dict[tuple[str, int, int], deque[int]] = defaultdict(deque)
+    done = [0] * s.stages
+    rounds = 0
+    while any(done[j] < len(s.actions[j]) for j in range(s.stages)):
+        moved = [_advance(s, j, done, channels) for j in range(s.stages)]
+        if not any(moved):
+            waiting = {j: str(s.actions[j][done[j]]) for j in range(s.stages) if done[j] < len(s.actions[j])}
+            raise DeadlockError(
+                f"{s.name} with p={s.stages}, m={s.micro_batches} deadlocks; stages wait at {waiting}"
+            )
+        rounds += 1
+    return rounds
+
+
+def _advance(
+    s: PipelineSchedule, j: int, done: list[int], channels: dict[tuple[str, int, int], deque[int]]
+) -> bool:
+    """Run stage j's next action if its receive is there; whether it ran."""
+    if done[j] == len(s.actions[j]):
+        return False
+    action = s.actions[j][done[j]]
+    need = s.recv_of(j, action)
+    if need is not None:
+        queue = channels[(need.what, need.src, need.dst)]
+        if not queue:
+            return False
+        if queue[0] != need.micro_batch:
+            raise DeadlockError(
+                f"{s.name}: stage {j} expects the {need.what} of micro-batch {need.micro_batch} from stage "
+                f"{need.src}, but micro-batch {queue[0]} was sent first"
+            )
+        queue.popleft()
+    sent = s.send_of(j, action)
+    if sent is not None:
+        channels[(sent.what, sent.src, sent.dst)].append(sent.micro_batch)
+    done[j] += 1
+    return True
+
+
+def peak_in_flight(s: PipelineSchedule, j: int) -> int:
+    """Most micro-batches whose forward stage j has run and whose backward it has not (activations kept)."""
+    alive = peak = 0
+    for a in s.actions[j]:
+        alive += {Kind.FORWARD: 1, Kind.BACKWARD: -1, Kind.STEP: 0}[a.kind]
+        peak = max(peak, alive)
+    return peak
+
+
+def peak_versions(s: PipelineSchedule, j: int) -> int:
+    """Most weight versions stage j holds at once: the current one and those stashed in flight."""
+    current, stashed, peak = 0, {}, 1
+    for a in s.actions[j]:
+        if a.kind is Kind.FORWARD:
+            stashed[a.micro_batch] = a.version
+        elif a.kind is Kind.BACKWARD:
+            del stashed[a.micro_batch]
+        else:
+            current = a.version
+        peak = max(peak, len({current, *stashed.values()}))
+    return peak
+
+
+def staleness(s: PipelineSchedule, j: int) -> list[int]:
+    """For each backward on stage j in order: the steps taken since the version its forward used."""
+    current, out = 0, []
+    for a in s.actions[j]:
+        if a.kind is Kind.STEP:
+            current = a.version
+        elif a.kind is Kind.BACKWARD:
+            out.append(current - a.version)
+    return out

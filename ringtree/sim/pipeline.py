@@ -1,0 +1,119 @@
+"""Replay of a pipeline schedule in virtual time: per-stage compute costs and link costs give the step.
+
+The rules are the runtime's (ringtree.parallel.pipeline.runtime): a stage runs its actions in
+order; an action starts when the stage is free and its receive (if any) has arrived; a send leaves
+when its action ends and arrives alpha + bytes / bandwidth later, one message at a time per
+direction between two stages. The step ends when the last stage finishes its last action.
+Indices: p stages, m micro-batches, j stage, i micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ringtree.schedules.pipeline import Action, Kind, PipelineSchedule
+from ringtree.sim.hardware import Link
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Seconds per micro-batch for each stage's forward and backward, the step, and bytes per transfer."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    step_s: float = 0.0
+    activation_bytes: int = 0  # one micro-batch's activation (and its gradient) between two stages
+
+    def __post_init__(self) -> None:
+        if len(self.forward_s) != len(self.backward_s):
+            raise ValueError(
+                f"need one forward and one backward time per stage, got {len(self.forward_s)} and "
+                f"{len(self.backward_s)}"
+            )
+        if min((*self.forward_s, *self.backward_s, self.step_s)) < 0 or self.activation_bytes < 0:
+            raise ValueError("compute times and activation bytes must not be negative")
+
+    @classmethod
+    def uniform(cls, p: int, forward_s: float, backward_s: float, **kw: float | int) -> StageCosts:
+        return cls((forward_s,) * p, (backward_s,) * p, **kw)  # type: ignore[arg-type]
+
+    def duration(self, j: int, a: Action) -> float:
+        if a.kind is Kind.FORWARD:
+            return self.forward_s[j]
+        return self.backward_s[j] if a.kind is Kind.BACKWARD else self.step_s
+
+
+@dataclass(frozen=True)
+class Span:
+    """One action of one stage in virtual time."""
+
+    stage: int
+    kind: str  # "forward", "backward" or "step"
+    micro_batch: int
+    start: float
+    end: float
+
+
+@dataclass
+class PipelineReplay:
+    """The replayed step: its time, every span, and the share of stage time left idle."""
+
+    step_time_s: float
+    spans: list[Span] = field(default_factory=list)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """1 - busy / (p x step time), counting forwards and backwards (not steps) as busy."""
+        stages = 1 + max((s.stage for s in self.spans), default=0)
+        busy = sum(s.end - s.start for s in self.spans if s.kind != "step")
+        return 1.0 - busy / (stages * self.step_time_s) if self.step_time_s > 0 else 0.0
+
+
+def replay_pipeline(s: PipelineSchedule, costs: StageCosts, link: Link | None = None) -> PipelineReplay:
+    """The schedule's step on the given costs; link None: transfers are free."""
+    if len(costs.forward_s) != s.stages:
+        raise ValueError(f"the schedule has {s.stages} stages but costs are given for {len(costs.forward_s)}")
+    arrived: dict[tuple[str, int, int], float] = {}  # (what, dst, i) -> arrival time
+    channel_free: dict[tuple[int, int], float] = {}
+    free, done, spans = [0.0] * s.stages, [0] * s.stages, []
+    while any(done[j] < len(s.actions[j]) for j in range(s.stages)):
+        moved = False
+        for j in range(s.stages):
+            while done[j] < len(s.actions[j]):
+                a = s.actions[j][done[j]]
+                need = s.recv_of(j, a)
+                key = None if need is None else (need.what, j, need.micro_batch)
+                if key is not None and key not in arrived:
+                    break
+                start = max(free[j], 0.0 if key is None else arrived[key])
+                free[j] = start + costs.duration(j, a)
+                spans.append(Span(j, _KINDS[a.kind], a.micro_batch, start, free[j]))
+                _send(s, j, a, free[j], costs.activation_bytes, link, arrived, channel_free)
+                done[j], moved = done[j] + 1, True
+        if not moved:
+            raise ValueError(
+                f"{s.name} deadlocks: run ringtree.schedules.pipeline_verify.dry_run for details"
+            )
+    return PipelineReplay(max(free), spans)
+
+
+_KINDS = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.STEP: "step"}
+
+
+def _send(
+    s: PipelineSchedule,
+    j: int,
+    a: Action,
+    end: float,
+    nbytes: int,
+    link: Link | None,
+    arrived: dict[tuple[str, int, int], float],
+    channel_free: dict[tuple[int, int], float],
+) -> None:
+    sent = s.send_of(j, a)
+    if sent is None:
+        return
+    cost = 0.0 if link is None else link.alpha_s + nbytes * link.beta
+    leave = max(end, channel_free.get((sent.src, sent.dst), 0.0))
+    channel_free[(sent.src, sent.dst)] = leave + cost
+    arrived[(sent.what, sent.dst, sent.micro_batch)] = leave + cost
