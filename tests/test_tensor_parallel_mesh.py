@@ -1,13 +1,10 @@
-"""The process mesh: rank layout as data, topology rules, and real groups in a spawned world."""
+"""The process mesh: rank layout as data and topology rules (real groups: test_tensor_parallel.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.distributed as dist
 
-from ringtree.launch import spawn
-from ringtree.parallel import Mesh, MeshShape
+from ringtree.parallel import MeshShape
 from ringtree.topology import Topology
 
 
@@ -38,32 +35,3 @@ def test_mesh_must_fill_the_world() -> None:
         MeshShape(dp=2, tp=4).check_topology(Topology(4, 4))
     with pytest.raises(ValueError, match=r"tp must be at least 1, got tp=0"):
         MeshShape(dp=1, tp=0)
-
-
-def _mesh_world(rank: int) -> dict[str, object]:
-    mesh = Mesh(tp=2)  # dp inferred: 4 // 2
-    tp_sum = torch.tensor([float(rank)])
-    dist.all_reduce(tp_sum, group=mesh.tp_group)
-    dp_sum = torch.tensor([float(rank)])
-    dist.all_reduce(dp_sum, group=mesh.dp_group)
-    try:
-        Mesh(tp=3)
-        bad = ""
-    except ValueError as e:
-        bad = str(e)
-    return {
-        "coords": (mesh.dp_rank, mesh.tp_rank, mesh.pp_rank),
-        "tp_sum": tp_sum.item(),
-        "dp_sum": dp_sum.item(),
-        "bad": bad,
-        "dp": mesh.dp,
-    }
-
-
-def test_mesh_groups_in_a_spawned_world() -> None:
-    out = spawn(_mesh_world, 4, timeout_s=60)
-    assert [o["coords"] for o in out] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
-    assert [o["tp_sum"] for o in out] == [1.0, 1.0, 5.0, 5.0]  # {0,1} and {2,3}
-    assert [o["dp_sum"] for o in out] == [2.0, 4.0, 2.0, 4.0]  # {0,2} and {1,3}
-    assert all(o["dp"] == 2 for o in out)
-    assert all("tp=3 x pp=1 = 3 does not divide the world size 4" in str(o["bad"]) for o in out)

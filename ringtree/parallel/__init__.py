@@ -3,5 +3,23 @@
 from ringtree.parallel.ddp import DistributedDataParallel, SyncStats
 from ringtree.parallel.dp import MasterDataParallel
 from ringtree.parallel.mesh import Mesh, MeshShape
+from ringtree.parallel.tensor import (
+    ColumnParallelLinear,
+    ParallelBlock,
+    ParallelMLP,
+    ParallelSelfAttention,
+    RowParallelLinear,
+)
 
-__all__ = ["DistributedDataParallel", "MasterDataParallel", "Mesh", "MeshShape", "SyncStats"]
+__all__ = [
+    "ColumnParallelLinear",
+    "DistributedDataParallel",
+    "MasterDataParallel",
+    "Mesh",
+    "MeshShape",
+    "ParallelBlock",
+    "ParallelMLP",
+    "ParallelSelfAttention",
+    "RowParallelLinear",
+    "SyncStats",
+]

@@ -86,7 +86,9 @@ class DistributedDataParallel(nn.Module):
         self.world_size = dist.get_world_size(process_group)
         self._launcher: Launcher = make_launcher(algorithm, process_group, timeout_s)
         self._timeout_s = timeout_s
-        broadcast_state(module, process_group, _broadcast_algorithm(algorithm), timeout_s)
+        # the group's first rank is the source (a subgroup, e.g. a mesh's dp_group, may not hold rank 0)
+        self._src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+        broadcast_state(module, process_group, _broadcast_algorithm(algorithm), timeout_s, src=self._src)
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.buckets: list[Bucket] = build(self._named, int(bucket_cap_mb * MB))
         self._register_hooks()
@@ -105,7 +107,13 @@ class DistributedDataParallel(nn.Module):
             self._expect_sync = self._sync_enabled
             if self.broadcast_buffers and self.world_size > 1:
                 broadcast_state(
-                    self.module, self.process_group, "native", self._timeout_s, params=False, validate=False
+                    self.module,
+                    self.process_group,
+                    "native",
+                    self._timeout_s,
+                    params=False,
+                    validate=False,
+                    src=self._src,
                 )
         return self.module(*inputs, **kwargs)
 
