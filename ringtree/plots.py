@@ -91,3 +91,69 @@ def plot_scaling(nodes: list[int], curves: dict[str, list[float]], path: Path, t
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_gantt(spans: list[dict[str, Any]], path: Path, title: str) -> None:
+    """A pipeline's timeline: one row per stage, forwards and backwards coloured, micro-batch numbers on them.
+
+    spans: {"stage", "kind" ("forward", "backward", anything else grey), "micro_batch", "start", "end"}
+    with times in seconds.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"forward": "tab:blue", "backward": "tab:orange"}
+    origin = min((s["start"] for s in spans), default=0.0)
+    stages = sorted({s["stage"] for s in spans})
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(stages) + 1.6))
+    for s in spans:
+        left, width = (s["start"] - origin) * 1e3, (s["end"] - s["start"]) * 1e3
+        ax.barh(
+            s["stage"], width, left=left, color=colours.get(s["kind"], "tab:gray"), edgecolor="black", lw=0.4
+        )
+        if s["kind"] in colours and width > 0:
+            ax.text(left + width / 2, s["stage"], str(s["micro_batch"]), ha="center", va="center", fontsize=7)
+    ax.set_yticks(stages, [f"stage {j}" for j in stages])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()])
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_bubble(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Measured bubble fraction against micro-batches, beside (p-1)/(m+p-1), one colour per p."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in sorted({r["stages"] for r in rows}):
+        rs = sorted((r for r in rows if r["stages"] == p), key=lambda r: r["micro_batches"])
+        m = [r["micro_batches"] for r in rs]
+        line = ax.plot(m, [r["bubble_fraction"] for r in rs], marker="o", ms=3, label=f"p={p} measured")
+        ax.plot(
+            m,
+            [r["theoretical_bubble_fraction"] for r in rs],
+            "--",
+            color=line[0].get_color(),
+            label=f"p={p} (p-1)/(m+p-1)",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("bubble fraction")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

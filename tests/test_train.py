@@ -27,7 +27,7 @@ QUICK = TrainConfig(epochs=2, progress=False)  # 2 ranks x 32: 23 steps per epoc
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"model": "resnet"}, "unknown model 'resnet'; choose one of mlp, vit"),
+        ({"model": "resnet"}, "unknown model 'resnet'; choose one of mlp, mlp-tiny, vit"),
         ({"algorithm": "rnig"}, "unknown algorithm (for mode 'ddp') 'rnig'"),
         ({"mode": "dp", "algorithm": "bfb"}, "unknown algorithm (for mode 'dp') 'bfb'"),
         ({"mode": "dp", "compression": "fp16"}, "compression works in mode 'ddp' only"),

@@ -33,6 +33,7 @@ def train(
     resume: bool = typer.Option(False, help="Continue from --checkpoint-dir's last checkpoint."),
     timeout: float = typer.Option(60.0, help="Seconds before a stuck collective raises."),
     progress: bool = typer.Option(True, help="Show rank 0's progress bar."),
+    tp: int = typer.Option(1, help="Tensor-parallel ranks per vit replica (world = dp x tp); 1: none."),
     trace: Path | None = typer.Option(None, help="Write a Chrome-trace timeline (Perfetto) here."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the summary as JSON here."),
     calibration: Path | None = typer.Option(
@@ -61,6 +62,7 @@ def train(
             resume=resume,
             timeout_s=timeout,
             progress=progress,
+            tp=tp,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

@@ -163,6 +163,16 @@ def build(name: str, p: int, m: int) -> PipelineSchedule:
     return SCHEDULES[name](p, m)
 
 
+def check_pipeline(p: int, m: int, schedule: str, balance: str) -> None:
+    """Raise ValueError, naming the value and the fix, for a pipeline configuration that cannot run."""
+    if p < 1 or m < 1:
+        raise ValueError(f"--pp and --micro-batches must be at least 1, got pp={p}, micro_batches={m}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if balance not in ("params", "time"):
+        raise ValueError(f"unknown --pp-balance {balance!r}; choose params or time")
+
+
 def theoretical_bubble_fraction(p: int, m: int) -> float:
     """GPipe's bubble: (p-1)/(m+p-1) of every stage's time is idle (equal stages, free transfers)."""
     _check(p, m)

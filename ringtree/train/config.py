@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringtree import comm
+from ringtree.train.tensor_parallel import check_tp
 
 MODELS = ("mlp", "vit")
 MODES = ("ddp", "dp")
@@ -32,6 +33,8 @@ class TrainConfig:
     resume: bool = False  # continue from checkpoint_dir/last.pt when it exists
     timeout_s: float = comm.DEFAULT_TIMEOUT_S  # a collective stuck longer than this raises
     progress: bool = True  # rank 0 shows a progress bar
+    # Tensor parallelism (docs/tensor-parallel.md): tp > 1 shards the vit's blocks; world = dp x tp.
+    tp: int = 1  # ranks per tensor-parallel group (adjacent ranks, one node); heads and dim must divide
 
     def __post_init__(self) -> None:
         _choice("model", self.model, MODELS)
@@ -52,6 +55,7 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be >= 0 (0: every epoch), got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
+        check_tp(self.tp, self.model, self.mode, 1)
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:

@@ -30,6 +30,10 @@ SUMMARY_KEYS = (
     "accumulate",
     "steps",
     "resumed_from_step",
+    "amp",
+    "skipped_steps",
+    "checkpoint_segments",
+    "distilled_from",
 )
 
 

@@ -7,8 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ringtree.train.data import CLASSES, PIXELS
+from ringtree.train.techniques.activation_checkpointing import run_blocks
 
 SIDE = 8  # digits are 8 x 8
+TINY_HIDDEN = 16  # mlp-tiny: a distillation student with about 1/18 of the mlp's parameters
 
 
 class MLP(nn.Module):
@@ -23,9 +25,10 @@ class MLP(nn.Module):
             nn.ReLU(),
             nn.Linear(hidden, CLASSES),
         )
+        self.checkpoint_segments = 0  # > 0: activation checkpointing (see enable_checkpointing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)  # type: ignore[no-any-return]
+        return run_blocks(self.layers, x, self.checkpoint_segments)
 
 
 class Attention(nn.Module):
@@ -82,6 +85,7 @@ class ViT(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, CLASSES)
+        self.checkpoint_segments = 0  # > 0: activation checkpointing (see enable_checkpointing)
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Flat digits [b, 64] to embedded tokens [b, 1 + patches, dim], class token first."""
@@ -91,16 +95,16 @@ class ViT(nn.Module):
         return torch.cat([self.cls.expand(b, -1, -1), self.embed(patches)], dim=1) + self.pos
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tokens(x)
-        for block in self.blocks:
-            h = block(h)
+        h = run_blocks(self.blocks, self.tokens(x), self.checkpoint_segments)
         return self.head(self.norm(h[:, 0]))  # type: ignore[no-any-return]
 
 
 def build_model(name: str) -> nn.Module:
-    """The model called `name` ("mlp" or "vit"), freshly initialized from torch's current seed."""
+    """The model called `name` ("mlp", "mlp-tiny" or "vit"), freshly initialized from torch's current seed."""
     if name == "mlp":
         return MLP()
+    if name == "mlp-tiny":
+        return MLP(hidden=TINY_HIDDEN)
     if name == "vit":
         return ViT()
-    raise ValueError(f"unknown model {name!r}; choose mlp or vit")
+    raise ValueError(f"unknown model {name!r}; choose mlp, mlp-tiny or vit")

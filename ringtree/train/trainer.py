@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel
 from ringtree.parallel.launcher import Span
-from ringtree.train import checkpoint
+from ringtree.train import checkpoint, tensor_parallel
 from ringtree.train.config import TrainConfig
 from ringtree.train.data import digits
 from ringtree.train.metrics import Meter
@@ -86,6 +86,7 @@ def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
 def _setup(rank: int, cfg: TrainConfig, train_set: TensorDataset, trace: bool) -> Run:
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model)
+    mesh = tensor_parallel.setup(net, cfg.tp, cfg.algorithm)  # None without --tp
     model: Wrapped
     if cfg.mode == "dp":
         model = MasterDataParallel(net, cfg.algorithm, timeout_s=cfg.timeout_s)
@@ -97,9 +98,10 @@ def _setup(rank: int, cfg: TrainConfig, train_set: TensorDataset, trace: bool) -
             compression=cfg.compression,
             overlap=cfg.overlap,
             timeout_s=cfg.timeout_s,
+            process_group=None if mesh is None else mesh.dp_group,
         )
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler: DistributedSampler[Any] = DistributedSampler(train_set, shuffle=True, seed=cfg.seed)
+    sampler: DistributedSampler[Any] = tensor_parallel.sampler(train_set, mesh, cfg.seed)
     loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
     return Run(cfg, rank, net, model, optimizer, sampler, loader, Recorder(rank, enabled=trace))
 
@@ -118,8 +120,7 @@ def _resume(run: Run) -> int | None:
             f"the checkpoint in {run.cfg.checkpoint_dir} holds model {state['model_name']!r}, not "
             f"{run.cfg.model!r}; pass --model {state['model_name']} or another --checkpoint-dir"
         )
-    run.net.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
+    tensor_parallel.load(run.net, run.optimizer, run.cfg.model, state)
     run.step = int(state["step"])
     return run.step
 
@@ -174,7 +175,7 @@ def _step(run: Run, chunk: Sequence[Batch]) -> None:
     comm_s, exposed_s, spans = _comm_of(run.model)
     for s in spans:
         run.recorder.add(s.name, s.start, s.end, "comm", bytes=s.nbytes, algorithm=run.cfg.algorithm)
-    samples = sum(len(y) for _, y in chunk) * dist.get_world_size()
+    samples = sum(len(y) for _, y in chunk) * run.sampler.num_replicas  # the DP ranks' samples
     run.meter.add(elapsed, comm_s, exposed_s, samples)
     run.last_loss = loss_sum
 
@@ -205,13 +206,10 @@ def _bucket(s: Span) -> _Named:
 def _save(run: Run) -> None:
     if run.cfg.checkpoint_dir is None:
         return
+    model = tensor_parallel.model_state(run.net, run.cfg.model)  # dense: --tp N resumes at any N
+    optimizer = tensor_parallel.optimizer_state(run.net, run.optimizer)
     if run.rank == 0:
-        state = {
-            "step": run.step,
-            "model_name": run.cfg.model,
-            "model": run.net.state_dict(),
-            "optimizer": run.optimizer.state_dict(),
-        }
+        state = {"step": run.step, "model_name": run.cfg.model, "model": model, "optimizer": optimizer}
         checkpoint.save(run.cfg.checkpoint_dir, state)
     dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
 

@@ -32,3 +32,22 @@ def run_blocks(blocks: nn.Sequential | nn.ModuleList, x: torch.Tensor, segments:
         blocks, segments, x, use_reentrant=False
     )
     return out
+
+
+def enable_checkpointing(model: nn.Module, segments: int = 0) -> int:
+    """Make `model` checkpoint its blocks in `segments` segments (0: about sqrt(n)); the number used.
+
+    The model holds its blocks as `blocks` (a transformer's nn.ModuleList) or `layers` (an
+    nn.Sequential) and runs them with run_blocks(..., self.checkpoint_segments).
+    """
+    blocks = getattr(model, "blocks", getattr(model, "layers", None))
+    if not isinstance(blocks, nn.Sequential | nn.ModuleList) or not hasattr(model, "checkpoint_segments"):
+        raise ValueError(
+            f"{type(model).__name__} has no `blocks` or `layers` run through run_blocks; "
+            "activation checkpointing supports ringtree's mlp and vit models"
+        )
+    chosen = segments or default_segments(len(blocks))
+    if chosen > len(blocks):
+        raise ValueError(f"checkpoint segments={segments} exceeds the model's {len(blocks)} blocks")
+    setattr(model, "checkpoint_segments", chosen)  # noqa: B010  # nn.Module types attributes as tensors
+    return chosen

@@ -40,7 +40,7 @@ def load_teacher(path: str | Path, build: Callable[[str], nn.Module]) -> tuple[n
 
     build(name) makes an empty model of the checkpoint's recorded kind; returns (model, name).
     """
-    file = _checkpoint_file(Path(path))
+    file = teacher_file(path)
     state = torch.load(file, map_location="cpu", weights_only=True)  # tensors only: no code runs
     name = state.get("model_name") if isinstance(state, dict) else None
     if not isinstance(name, str) or "model" not in state:
@@ -58,8 +58,9 @@ def load_teacher(path: str | Path, build: Callable[[str], nn.Module]) -> tuple[n
     return teacher, name
 
 
-def _checkpoint_file(path: Path) -> Path:
-    file = path / checkpoint.LATEST if path.is_dir() else path
+def teacher_file(path: str | Path) -> Path:
+    """The checkpoint file that `path` (a file, or the folder `ringtree train` wrote into) names."""
+    file = Path(path) / checkpoint.LATEST if Path(path).is_dir() else Path(path)
     if not file.is_file():
         raise ValueError(
             f"no teacher checkpoint at {file}; train one first with "

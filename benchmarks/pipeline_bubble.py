@@ -1,0 +1,206 @@
+"""Pipeline measurements: bubble against (p-1)/(m+p-1), activation memory, sync vs async throughput.
+
+    .venv/bin/python benchmarks/pipeline_bubble.py --stages 2 4 --out docs
+
+For the bubble and the throughput every stage is a small linear layer that sleeps `--forward-ms`
+in its forward and twice that in its backward: a stand-in for a device's compute, so that the
+stages of one pipeline do not compete for the host's cores (the reference machine has 2) and the
+bubble measured is the schedule's. The memory rows use the real `vit` (4 layers, one per stage at
+p = 4). Each case runs once as warm-up and then `--repeats` times; the median is reported, and
+the replay of the same schedule (ringtree.sim.pipeline) with the measured per-stage times
+predicts each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ringtree.bench import environment
+from ringtree.launch import spawn
+from ringtree.parallel.pipeline.partition import partition
+from ringtree.parallel.pipeline.runtime import ActionSpan, MicroBatch, PipelineStage
+from ringtree.plots import plot_bubble, plot_gantt
+from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+from ringtree.sim.pipeline import StageCosts, replay_pipeline
+from ringtree.train import trace
+from ringtree.train.models import ViT
+from ringtree.train.stages import model_layers
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+STREAM = 32  # micro-batches for the throughput comparison
+
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        time.sleep(seconds)
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(2 * ctx.seconds)
+        return grad.clone(), None
+
+
+class SleepStage(nn.Module):
+    """Linear(10, 10), then a sleep of `seconds` forward and 2 x `seconds` backward."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.linear, self.seconds = nn.Linear(10, 10), seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Sleep.apply(self.linear(x), self.seconds)  # type: ignore[no-any-return, no-untyped-call]
+
+
+def _batches(m: int, b: int = 8, features: int = 10) -> list[MicroBatch]:
+    g = torch.Generator().manual_seed(m)
+    return [
+        (torch.randn(b, features, generator=g), torch.randint(0, 10, (b,), generator=g)) for _ in range(m)
+    ]
+
+
+def _timed(stage: PipelineStage, name: str, m: int) -> list[ActionSpan]:
+    """Run the schedule once after a barrier; this stage's spans in wall-clock seconds."""
+    dist.barrier()
+    run = stage.run(build(name, len(stage.ranks), m), _batches(m))
+    offset = time.time() - time.perf_counter()
+    return [ActionSpan(s.kind, s.micro_batch, s.start + offset, s.end + offset) for s in run.spans]
+
+
+def _bubble_case(stage: PipelineStage, name: str, m: int, repeats: int) -> dict[str, Any] | None:
+    p = len(stage.ranks)
+    _timed(stage, name, m)  # warm-up
+    measured: list[tuple[float, float, list[float], list[float]]] = []
+    for _ in range(repeats):
+        spans: list[Any] = [None] * p
+        dist.all_gather_object(spans, _timed(stage, name, m))
+        measured.append(_analyse(spans))
+    if dist.get_rank():
+        return None
+    bubble, step, fwd, bwd = sorted(measured)[len(measured) // 2]  # the median bubble's repeat
+    predicted = replay_pipeline(build(name, p, m), StageCosts(tuple(fwd), tuple(bwd)))
+    return {
+        "schedule": name,
+        "stages": p,
+        "micro_batches": m,
+        "bubble_fraction": bubble,
+        "theoretical_bubble_fraction": theoretical_bubble_fraction(p, m),
+        "step_time_s": step,
+        "predicted_step_time_s": predicted.step_time_s,
+        "predicted_bubble_fraction": predicted.bubble_fraction,
+    }
+
+
+def _analyse(spans: list[list[ActionSpan]]) -> tuple[float, float, list[float], list[float]]:
+    """(bubble, makespan, mean forward per stage, mean backward per stage) of one run."""
+    work = [[s for s in stage if s.kind != "step"] for stage in spans]
+    start = min(s.start for stage in work for s in stage)
+    end = max(s.end for stage in work for s in stage)
+    busy = sum(s.end - s.start for stage in work for s in stage)
+    fwd = [statistics.mean(s.end - s.start for s in stage if s.kind == "forward") for stage in work]
+    bwd = [statistics.mean(s.end - s.start for s in stage if s.kind == "backward") for stage in work]
+    return 1 - busy / (len(spans) * (end - start)), end - start, fwd, bwd
+
+
+def _throughput(stage: PipelineStage, m: int) -> dict[str, float]:
+    """Samples/s over STREAM micro-batches: 1f1b flushing every m, pipedream never (interleaved, 3 rounds)."""
+    seconds: dict[str, list[float]] = {"1f1b": [], "pipedream": []}
+    for _ in range(3):
+        for name in seconds:
+            runs = STREAM // m if name == "1f1b" else 1
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(runs):
+                stage.run(build(name, len(stage.ranks), STREAM // runs), _batches(STREAM // runs))
+            dist.barrier()
+            seconds[name].append(time.perf_counter() - start)
+    return {f"{k}_samples_per_s": STREAM * 8 / statistics.median(v) for k, v in seconds.items()}
+
+
+def _memory(rank: int, p: int, m: int) -> dict[str, list[int]]:
+    """Peak bytes saved for backward per stage of the vit, gpipe vs 1f1b (m micro-batches of 32)."""
+    torch.manual_seed(0)
+    stage = PipelineStage(partition(model_layers(ViT(depth=2)), p)[rank], rank, list(range(p)))
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.rand(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(m)]
+    out: dict[str, list[int]] = {}
+    for name in ("gpipe", "1f1b"):
+        peak = stage.run(build(name, p, m), batches).peak_activation_bytes
+        every: list[Any] = [None] * p
+        dist.all_gather_object(every, peak)
+        out[name] = every
+    return out
+
+
+def _gantt(stage: PipelineStage, name: str, m: int) -> list[dict[str, Any]]:
+    every: list[Any] = [None] * len(stage.ranks)
+    dist.all_gather_object(every, _timed(stage, name, m))
+    return [{"stage": j, **vars(s)} for j, spans in enumerate(every) for s in spans]
+
+
+def worker(rank: int, forward_s: float, repeats: int) -> dict[str, Any]:
+    p = dist.get_world_size()
+    stage = PipelineStage(SleepStage(forward_s), rank, list(range(p)))
+    rows = [_bubble_case(stage, n, m, repeats) for n in ("gpipe", "1f1b") for m in MICRO_BATCHES]
+    return {
+        "bubble": [r for r in rows if r is not None],
+        "throughput": {"stages": p, "micro_batches": 4, **_throughput(stage, 4)},
+        "memory": {"stages": p, "micro_batches": 8, **_memory(rank, p, 8)},
+        "gantt": {n: _gantt(stage, n, 8) for n in ("gpipe", "1f1b")},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stages", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--forward-ms", type=float, default=5.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("docs"))
+    args = parser.parse_args()
+    env = {
+        **environment(),
+        "backend": "gloo",
+        "forward_ms": args.forward_ms,
+        "backward_ms": 2 * args.forward_ms,
+    }
+    results = {
+        p: spawn(worker, p, (args.forward_ms / 1e3, args.repeats), timeout_s=600)[0] for p in args.stages
+    }
+    bubble = [r for p in args.stages for r in results[p]["bubble"]]
+    data = {
+        "environment": env,
+        "bubble": bubble,
+        "throughput": [results[p]["throughput"] for p in args.stages],
+        "memory": [results[p]["memory"] for p in args.stages],
+    }
+    (args.out / "data").mkdir(parents=True, exist_ok=True)
+    (args.out / "data" / "pipeline.json").write_text(json.dumps(data, indent=1))
+    ms = args.forward_ms
+    title = f"sleep stages {ms:g} ms fwd / {2 * ms:g} ms bwd, gloo, torch {env['torch']}"
+    plot_bubble(
+        [r for r in bubble if r["schedule"] == "1f1b"], args.out / "pipeline-bubble.png", f"1f1b, {title}"
+    )
+    p = max(args.stages)
+    for name, spans in results[p]["gantt"].items():
+        plot_gantt(spans, args.out / f"pipeline-gantt-{name}.png", f"{name}, p={p}, m=8, {title}")
+    events = [
+        trace.Event(s["kind"], s["stage"], "compute", s["start"], s["end"], {"micro_batch": s["micro_batch"]})
+        for s in results[p]["gantt"]["1f1b"]
+    ]
+    trace.write(args.out / "data" / "pipeline-1f1b-trace.json", events)
+    print(json.dumps({k: v for k, v in data.items() if k != "environment"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
