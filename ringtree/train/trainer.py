@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,14 @@ from ringtree.train.data import digits
 from ringtree.train.metrics import Meter
 from ringtree.train.models import build_model
 from ringtree.train.progress import ProgressBar
+from ringtree.train.techniques import (
+    MixedPrecision,
+    PrefetchLoader,
+    distillation_loss,
+    enable_checkpointing,
+    load_teacher,
+)
+from ringtree.train.techniques.amp import all_finite
 from ringtree.train.trace import Event, Recorder
 
 Batch = list[torch.Tensor]  # [inputs [b, 64], labels [b]]
@@ -55,8 +63,10 @@ class Run:
     model: Wrapped
     optimizer: torch.optim.Optimizer
     sampler: DistributedSampler[Any]
-    loader: DataLoader[Any]
+    loader: DataLoader[Any] | PrefetchLoader
     recorder: Recorder
+    amp: MixedPrecision
+    teacher: nn.Module | None = None  # distil from it when set
     step: int = 0
     meter: Meter = field(default_factory=Meter)
     last_loss: float = float("nan")
@@ -84,8 +94,11 @@ def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
 
 
 def _setup(rank: int, cfg: TrainConfig, train_set: TensorDataset, trace: bool) -> Run:
+    teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, build_model)[0]
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model)
+    if cfg.checkpoint_activations:
+        enable_checkpointing(net, cfg.checkpoint_segments)
     mesh = tensor_parallel.setup(net, cfg.tp, cfg.algorithm)  # None without --tp
     model: Wrapped
     if cfg.mode == "dp":
@@ -102,8 +115,10 @@ def _setup(rank: int, cfg: TrainConfig, train_set: TensorDataset, trace: bool) -
         )
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler: DistributedSampler[Any] = tensor_parallel.sampler(train_set, mesh, cfg.seed)
-    loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
-    return Run(cfg, rank, net, model, optimizer, sampler, loader, Recorder(rank, enabled=trace))
+    batches = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
+    loader = PrefetchLoader(batches) if cfg.prefetch else batches
+    amp = MixedPrecision(cfg.amp)
+    return Run(cfg, rank, net, model, optimizer, sampler, loader, Recorder(rank, enabled=trace), amp, teacher)
 
 
 def _resume(run: Run) -> int | None:
@@ -141,7 +156,7 @@ def _epoch(run: Run, epoch: int, bar: ProgressBar) -> None:
         _save(run)
 
 
-def _chunks(loader: DataLoader[Any], k: int) -> Iterator[list[Batch]]:
+def _chunks(loader: Iterable[Batch], k: int) -> Iterator[list[Batch]]:
     """The loader's batches in groups of k (one optimizer step each; the last group may be short)."""
     group: list[Batch] = []
     for batch in loader:
@@ -161,16 +176,13 @@ def _step(run: Run, chunk: Sequence[Batch]) -> None:
     for i, (x, y) in enumerate(chunk):
         sync: AbstractContextManager[None] = nullcontext() if i == len(chunk) - 1 else run.model.no_sync()
         with sync:
-            with run.recorder.span("forward", micro_batch=i):
-                loss = F.cross_entropy(run.model(x), y) / len(chunk)
+            with run.recorder.span("forward", micro_batch=i), run.amp.autocast():
+                loss = _loss(run, x, y) / len(chunk)  # the mean over the K micro-batches' samples
             with run.recorder.span("backward", micro_batch=i):
-                loss.backward()  # type: ignore[no-untyped-call]
+                run.amp.backward(loss)
         loss_sum += float(loss.detach())
     with run.recorder.span("optimizer", step=run.step):
-        if isinstance(run.model, MasterDataParallel):
-            run.model.step(run.optimizer)
-        else:
-            run.optimizer.step()
+        _optimizer_step(run)
     elapsed = time.perf_counter() - start
     comm_s, exposed_s, spans = _comm_of(run.model)
     for s in spans:
@@ -178,6 +190,35 @@ def _step(run: Run, chunk: Sequence[Batch]) -> None:
     samples = sum(len(y) for _, y in chunk) * run.sampler.num_replicas  # the DP ranks' samples
     run.meter.add(elapsed, comm_s, exposed_s, samples)
     run.last_loss = loss_sum
+
+
+def _loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on the labels, or the distillation loss when there is a teacher (in fp32)."""
+    logits = run.model(x).float()
+    if run.teacher is None:
+        return F.cross_entropy(logits, y)
+    with torch.no_grad():
+        soft = run.teacher(x).float()
+    return distillation_loss(logits, soft, y, run.cfg.distill_temperature, run.cfg.distill_alpha)
+
+
+def _optimizer_step(run: Run) -> None:
+    """Step (rank 0 alone in dp mode); under amp, every rank skips a step whose gradients are not finite."""
+    finite = True if run.cfg.amp == "off" else _finite_on_every_rank(run.net)
+    if isinstance(run.model, MasterDataParallel):
+        if finite:
+            run.model.step(run.optimizer)
+        else:
+            run.amp.skipped_steps += 1
+    else:
+        run.amp.step(run.optimizer, finite)
+
+
+def _finite_on_every_rank(net: nn.Module) -> bool:
+    """One flag all-reduced with MIN: the ranks agree (in dp mode each sees only its own gradients)."""
+    flag = torch.tensor([1.0 if all_finite(net.parameters()) else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item() == 1.0)
 
 
 @dataclass(frozen=True)
@@ -245,4 +286,8 @@ def _summary(run: Run, accuracy: float, test_loss: float, resumed_from: int | No
         "accumulate": cfg.accumulate,
         "steps": run.step,
         "resumed_from_step": resumed_from,
+        "amp": cfg.amp,
+        "skipped_steps": run.amp.skipped_steps,
+        "checkpoint_segments": getattr(run.net, "checkpoint_segments", 0),
+        "distilled_from": cfg.teacher,
     }
