@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` st
 @app.command()
 def train(
     nproc: int = typer.Option(4, help="Local processes to spawn (ignored under torchrun)."),
-    model: str = typer.Option("mlp", help="mlp, mlp-tiny (a distillation student) or vit."),
+    model: str = typer.Option("mlp", help="mlp or vit."),
     mode: str = typer.Option("ddp", help="ddp (bucketed all-reduce) or dp (rank 0 reduces and broadcasts)."),
     algorithm: str = typer.Option("ring", help="All-reduce algorithm: native, ring, tree, ps, bfb, ..."),
     bucket_mb: float = typer.Option(25.0, help="Fusion bucket cap in MB."),
@@ -33,16 +33,11 @@ def train(
     resume: bool = typer.Option(False, help="Continue from --checkpoint-dir's last checkpoint."),
     timeout: float = typer.Option(60.0, help="Seconds before a stuck collective raises."),
     progress: bool = typer.Option(True, help="Show rank 0's progress bar."),
-    checkpoint_activations: bool = typer.Option(
-        False, help="Recompute activations in backward instead of keeping them (less memory, more compute)."
-    ),
-    checkpoint_segments: int = typer.Option(0, help="Checkpointed segments; 0: about sqrt(blocks)."),
-    amp: str = typer.Option("off", help="Mixed precision: off, bf16 (autocast on CPU) or fp16 (CUDA only)."),
-    teacher: Path | None = typer.Option(None, help="Distil from a --checkpoint-dir checkpoint (file, dir)."),
-    distill_temperature: float = typer.Option(2.0, help="Softmax temperature T of the distillation loss."),
-    distill_alpha: float = typer.Option(0.5, help="Weight of the teacher's soft loss (1 - A on the labels)."),
-    prefetch: bool = typer.Option(False, help="Prepare the next batch on a thread while this one computes."),
     tp: int = typer.Option(1, help="Tensor-parallel ranks per vit replica (world = dp x tp); 1: none."),
+    pp: int = typer.Option(1, help="Pipeline stages per model replica (world = dp x pp); 1: no pipeline."),
+    micro_batches: int = typer.Option(4, help="Micro-batches per pipeline step (gpipe, 1f1b)."),
+    schedule: str = typer.Option("1f1b", help="Pipeline schedule: gpipe, 1f1b, pipedream or pipedream-vs."),
+    pp_balance: str = typer.Option("params", help="Cut pipeline stages by params or profiled time."),
     trace: Path | None = typer.Option(None, help="Write a Chrome-trace timeline (Perfetto) here."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the summary as JSON here."),
     calibration: Path | None = typer.Option(
@@ -71,14 +66,11 @@ def train(
             resume=resume,
             timeout_s=timeout,
             progress=progress,
+            pp=pp,
+            micro_batches=micro_batches,
+            schedule=schedule,
+            pp_balance=pp_balance,
             tp=tp,
-            checkpoint_activations=checkpoint_activations,
-            checkpoint_segments=checkpoint_segments,
-            amp=amp,
-            teacher=None if teacher is None else str(teacher),
-            distill_temperature=distill_temperature,
-            distill_alpha=distill_alpha,
-            prefetch=prefetch,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
@@ -95,7 +87,10 @@ def train(
 def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None:
     """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise spawn."""
     from ringtree.launch import init_from_env, spawn, under_torchrun
-    from ringtree.train import train as train_rank
+    from ringtree.train import train as train_ddp
+    from ringtree.train.pipeline_trainer import train_pipeline
+
+    train_rank = train_pipeline if cfg.pp > 1 else train_ddp
 
     if under_torchrun():
         import torch.distributed as dist
@@ -119,6 +114,7 @@ def _report(
     from ringtree.bench import environment
     from ringtree.train import trace as chrome
     from ringtree.train.metrics import SUMMARY_KEYS
+    from ringtree.train.pipeline_trainer import PIPELINE_KEYS
 
     print_environment(
         {
@@ -128,9 +124,10 @@ def _report(
             "local_world_size": summary["world_size"] // summary["nodes"],
         }
     )
-    print_table("ringtree train", ["metric", "value"], [[k, _fmt(summary[k])] for k in SUMMARY_KEYS])
+    keys = [k for k in (*SUMMARY_KEYS, *PIPELINE_KEYS) if k in summary]  # PIPELINE_KEYS with --pp only
+    print_table("ringtree train", ["metric", "value"], [[k, _fmt(summary[k])] for k in keys])
     if json_path is not None:
-        write_json(json_path, {k: summary[k] for k in SUMMARY_KEYS})
+        write_json(json_path, {k: summary[k] for k in keys})
     if trace is not None:
         chrome.write(trace, [e for r in results for e in r.events])
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringtree import comm
-from ringtree.train.techniques.amp import check_amp
-from ringtree.train.techniques.distill import check_distill, teacher_file
+from ringtree.schedules.pipeline import check_pipeline
 from ringtree.train.tensor_parallel import check_tp
 
-MODELS = ("mlp", "mlp-tiny", "vit")
+MODELS = ("mlp", "vit")
 MODES = ("ddp", "dp")
 COMPRESSIONS = ("fp16", "bf16")
 
@@ -35,16 +34,13 @@ class TrainConfig:
     resume: bool = False  # continue from checkpoint_dir/last.pt when it exists
     timeout_s: float = comm.DEFAULT_TIMEOUT_S  # a collective stuck longer than this raises
     progress: bool = True  # rank 0 shows a progress bar
-    # The single-device playbook (docs/playbook.md).
-    checkpoint_activations: bool = False  # recompute activations in backward: less memory, more compute
-    checkpoint_segments: int = 0  # 0: about sqrt(blocks), where kept + recomputed activations are fewest
-    amp: str = "off"  # "bf16": autocast on CPU; "fp16" needs CUDA's loss scaling (this trainer runs on CPU)
-    teacher: str | None = None  # distil from this `--checkpoint-dir` checkpoint (its file or its folder)
-    distill_temperature: float = 2.0  # softens the teacher's near one-hot outputs (Hinton et al.: 2 to 5)
-    distill_alpha: float = 0.5  # weight of the soft (teacher) loss; 1 - alpha weighs the labels
-    prefetch: bool = False  # a thread prepares the next batch while this one computes
     # Tensor parallelism (docs/tensor-parallel.md): tp > 1 shards the vit's blocks; world = dp x tp.
     tp: int = 1  # ranks per tensor-parallel group (adjacent ranks, one node); heads and dim must divide
+    # Pipeline parallelism (docs/pipeline.md): pp > 1 cuts the model into stages; world = dp x pp.
+    pp: int = 1  # pipeline stages; 1: no pipeline
+    micro_batches: int = 4  # per optimizer step and pipeline (gpipe, 1f1b): more shrink the bubble
+    schedule: str = "1f1b"  # gpipe, 1f1b (same bubble, fewer activations alive), pipedream(-vs)
+    pp_balance: str = "params"  # cut stages with equal parameters or, "time", equal profiled time
 
     def __post_init__(self) -> None:
         _choice("model", self.model, MODELS)
@@ -65,23 +61,8 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be >= 0 (0: every epoch), got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
-        self._check_playbook()
-
-    def _check_playbook(self) -> None:
-        if self.checkpoint_segments < 0:
-            raise ValueError(
-                f"checkpoint_segments must be >= 0 (0: about sqrt(blocks)), got {self.checkpoint_segments}"
-            )
-        if self.checkpoint_segments and not self.checkpoint_activations:
-            raise ValueError(
-                f"checkpoint_segments={self.checkpoint_segments} does nothing without checkpointing; "
-                "add --checkpoint-activations"
-            )
-        check_amp(self.amp, "cpu")  # ringtree train runs on CPU (gloo)
-        check_distill(self.distill_temperature, self.distill_alpha)
-        if self.teacher is not None:
-            teacher_file(self.teacher)  # raises, naming the path, when there is no checkpoint there
         check_tp(self.tp, self.model, self.mode, 1)
+        check_pipeline(self.pp, self.micro_batches, self.schedule, self.pp_balance)
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
