@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` st
 @app.command()
 def train(
     nproc: int = typer.Option(4, help="Local processes to spawn (ignored under torchrun)."),
-    model: str = typer.Option("mlp", help="mlp or vit."),
+    model: str = typer.Option("mlp", help="mlp, mlp-tiny (a distillation student) or vit."),
     mode: str = typer.Option("ddp", help="ddp (bucketed all-reduce) or dp (rank 0 reduces and broadcasts)."),
     algorithm: str = typer.Option("ring", help="All-reduce algorithm: native, ring, tree, ps, bfb, ..."),
     bucket_mb: float = typer.Option(25.0, help="Fusion bucket cap in MB."),
@@ -33,6 +33,15 @@ def train(
     resume: bool = typer.Option(False, help="Continue from --checkpoint-dir's last checkpoint."),
     timeout: float = typer.Option(60.0, help="Seconds before a stuck collective raises."),
     progress: bool = typer.Option(True, help="Show rank 0's progress bar."),
+    checkpoint_activations: bool = typer.Option(
+        False, help="Recompute activations in backward instead of keeping them (less memory, more compute)."
+    ),
+    checkpoint_segments: int = typer.Option(0, help="Checkpointed segments; 0: about sqrt(blocks)."),
+    amp: str = typer.Option("off", help="Mixed precision: off, bf16 (autocast on CPU) or fp16 (CUDA only)."),
+    teacher: Path | None = typer.Option(None, help="Distil from a --checkpoint-dir checkpoint (file, dir)."),
+    distill_temperature: float = typer.Option(2.0, help="Softmax temperature T of the distillation loss."),
+    distill_alpha: float = typer.Option(0.5, help="Weight of the teacher's soft loss (1 - A on the labels)."),
+    prefetch: bool = typer.Option(False, help="Prepare the next batch on a thread while this one computes."),
     tp: int = typer.Option(1, help="Tensor-parallel ranks per vit replica (world = dp x tp); 1: none."),
     pp: int = typer.Option(1, help="Pipeline stages per model replica (world = dp x pp); 1: no pipeline."),
     micro_batches: int = typer.Option(4, help="Micro-batches per pipeline step (gpipe, 1f1b)."),
@@ -66,11 +75,18 @@ def train(
             resume=resume,
             timeout_s=timeout,
             progress=progress,
+            tp=tp,
             pp=pp,
             micro_batches=micro_batches,
             schedule=schedule,
             pp_balance=pp_balance,
-            tp=tp,
+            checkpoint_activations=checkpoint_activations,
+            checkpoint_segments=checkpoint_segments,
+            amp=amp,
+            teacher=None if teacher is None else str(teacher),
+            distill_temperature=distill_temperature,
+            distill_alpha=distill_alpha,
+            prefetch=prefetch,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 from ringtree import comm
 from ringtree.schedules.pipeline import check_pipeline
+from ringtree.train.techniques.amp import check_amp
+from ringtree.train.techniques.distill import check_distill, teacher_file
 from ringtree.train.tensor_parallel import check_tp
 
-MODELS = ("mlp", "vit")
+MODELS = ("mlp", "mlp-tiny", "vit")
 MODES = ("ddp", "dp")
 COMPRESSIONS = ("fp16", "bf16")
 
@@ -41,6 +43,14 @@ class TrainConfig:
     micro_batches: int = 4  # per optimizer step and pipeline (gpipe, 1f1b): more shrink the bubble
     schedule: str = "1f1b"  # gpipe, 1f1b (same bubble, fewer activations alive), pipedream(-vs)
     pp_balance: str = "params"  # cut stages with equal parameters or, "time", equal profiled time
+    # The single-device playbook (docs/playbook.md).
+    checkpoint_activations: bool = False  # recompute activations in backward: less memory, more compute
+    checkpoint_segments: int = 0  # 0: about sqrt(blocks), where kept + recomputed activations are fewest
+    amp: str = "off"  # "bf16": autocast on CPU; "fp16" needs CUDA's loss scaling (this trainer runs on CPU)
+    teacher: str | None = None  # distil from this `--checkpoint-dir` checkpoint (its file or its folder)
+    distill_temperature: float = 2.0  # softens the teacher's near one-hot outputs (Hinton et al.: 2 to 5)
+    distill_alpha: float = 0.5  # weight of the soft (teacher) loss; 1 - alpha weighs the labels
+    prefetch: bool = False  # a thread prepares the next batch while this one computes
 
     def __post_init__(self) -> None:
         _choice("model", self.model, MODELS)
@@ -61,8 +71,24 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be >= 0 (0: every epoch), got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
-        check_tp(self.tp, self.model, self.mode, 1)
+        self._check_playbook()
         check_pipeline(self.pp, self.micro_batches, self.schedule, self.pp_balance)
+        check_tp(self.tp, self.model, self.mode, self.pp)
+
+    def _check_playbook(self) -> None:
+        if self.checkpoint_segments < 0:
+            raise ValueError(
+                f"checkpoint_segments must be >= 0 (0: about sqrt(blocks)), got {self.checkpoint_segments}"
+            )
+        if self.checkpoint_segments and not self.checkpoint_activations:
+            raise ValueError(
+                f"checkpoint_segments={self.checkpoint_segments} does nothing without checkpointing; "
+                "add --checkpoint-activations"
+            )
+        check_amp(self.amp, "cpu")  # ringtree train runs on CPU (gloo)
+        check_distill(self.distill_temperature, self.distill_alpha)
+        if self.teacher is not None:
+            teacher_file(self.teacher)  # raises, naming the path, when there is no checkpoint there
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
