@@ -25,7 +25,7 @@ from ringtree.schedules.pipeline_verify import (
     staleness,
 )
 from ringtree.sim.hardware import Link
-from ringtree.sim.pipeline import StageCosts, replay_pipeline
+from ringtree.sim.pipeline import StageCosts, predict_pipeline, replay_pipeline
 from ringtree.train.models import ViT
 from ringtree.train.stages import model_layers
 
@@ -158,3 +158,9 @@ def test_vit_stages_compose_to_the_vit(by: str) -> None:
     torch.testing.assert_close(h, vit(x))
     if by == "params":
         assert [len(s) for s in stages] == [2, 2, 2]  # tokens+block, block+block, block+head
+
+
+def test_plan_prediction_splits_compute_over_stages_and_micro_batches() -> None:
+    out = predict_pipeline("gpipe", 2, 2, 1.2, Link("free", 0.0, 1e30))
+    assert out["pipeline_step_time_s"] == pytest.approx(0.9)  # (m + p - 1) x 1.2 / (p m)
+    assert out["bubble_fraction"] == pytest.approx(1 / 3)

@@ -37,6 +37,10 @@ def plan(
     compression: str | None = typer.Option(None, help="All-reduce gradients as fp16 or bf16."),
     accumulate: int = typer.Option(1, help="Micro-steps of gradient accumulation per all-reduce."),
     batch_size: int = typer.Option(32, help="Samples per device per micro-step (for samples/s)."),
+    pp: int = typer.Option(1, help="Pipeline stages: also predict a pipeline step (replayed schedule)."),
+    micro_batches: int = typer.Option(4, help="Micro-batches per pipeline step (with --pp)."),
+    schedule: str = typer.Option("1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream."),
+    activation_mb: float = typer.Option(0.0, help="MB of one micro-batch's activation between stages."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the plan as JSON here."),
     plot: Path | None = typer.Option(None, help="PNG of the speedup from 1 to --nodes nodes."),
 ) -> None:
@@ -59,6 +63,8 @@ def plan(
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
     _print(result)
+    if pp > 1:
+        result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:
@@ -103,6 +109,25 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
         "cluster_title": _cluster_title(cluster),
         "algorithms": rows,
     }
+
+
+def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, activation_mb: float) -> Any:
+    """The pipeline step replayed over the intra-node link (the inter-node one when pp spans nodes)."""
+    from ringtree.schedules.pipeline import check_pipeline
+    from ringtree.sim.pipeline import predict_pipeline
+
+    try:
+        check_pipeline(pp, m, schedule, "params")
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    link = cluster.intra if pp <= cluster.gpus_per_node else cluster.inter
+    out = predict_pipeline(schedule, pp, m, seconds, link, int(activation_mb * 1e6))
+    console.print(
+        f"pipeline: {schedule}, pp={pp}, m={m}: step {out['pipeline_step_time_s']:.4f} s, bubble "
+        f"{out['bubble_fraction']:.1%} (theory (p-1)/(m+p-1) = {out['theoretical_bubble_fraction']:.1%})",
+        highlight=False,
+    )
+    return out
 
 
 def _cluster_title(cluster: Any) -> str:

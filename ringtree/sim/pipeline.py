@@ -117,3 +117,23 @@ def _send(
     leave = max(end, channel_free.get((sent.src, sent.dst), 0.0))
     channel_free[(sent.src, sent.dst)] = leave + cost
     arrived[(sent.what, sent.dst, sent.micro_batch)] = leave + cost
+
+
+def predict_pipeline(
+    schedule: str, p: int, m: int, compute_time_s: float, link: Link, activation_bytes: int = 0
+) -> dict[str, float | int | str]:
+    """One pipeline step: a device's forward+backward of the whole batch split evenly over p stages
+    and m micro-batches (backward twice the forward), replayed with `link` between stages."""
+    from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+
+    per = compute_time_s / (p * m)  # one stage, one micro-batch: forward + backward
+    costs = StageCosts.uniform(p, per / 3, 2 * per / 3, activation_bytes=activation_bytes)
+    replay = replay_pipeline(build(schedule, p, m), costs, link)
+    return {
+        "schedule": schedule,
+        "pp": p,
+        "micro_batches": m,
+        "pipeline_step_time_s": replay.step_time_s,
+        "bubble_fraction": replay.bubble_fraction,
+        "theoretical_bubble_fraction": theoretical_bubble_fraction(p, m),
+    }
