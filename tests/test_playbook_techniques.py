@@ -201,3 +201,11 @@ def test_prefetch_pins_and_copies_to_cuda() -> None:
     loader = DataLoader(torch.arange(8.0), batch_size=4)
     batches = list(PrefetchLoader(loader, "cuda"))
     assert all(b.is_cuda for b in batches) and torch.cat(batches).cpu().tolist() == list(range(8))
+
+
+def test_checkpointing_benchmark_sees_the_memory_saving() -> None:
+    from benchmarks import checkpointing
+
+    off, on = checkpointing.in_subprocess(0, "cpu", 256), checkpointing.in_subprocess(4, "cpu", 256)
+    assert off["step_time_s"] > 0 and on["step_time_s"] > 0
+    assert 0 < on["peak_bytes"] < 0.7 * off["peak_bytes"]  # the bar, at half the batch
