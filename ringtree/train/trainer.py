@@ -97,9 +97,9 @@ def _setup(rank: int, cfg: TrainConfig, train_set: TensorDataset, trace: bool) -
     teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, build_model)[0]
     torch.manual_seed(cfg.seed)
     net = build_model(cfg.model)
+    mesh = tensor_parallel.setup(net, cfg.tp, cfg.algorithm)  # None without --tp
     if cfg.checkpoint_activations:
         enable_checkpointing(net, cfg.checkpoint_segments)
-    mesh = tensor_parallel.setup(net, cfg.tp, cfg.algorithm)  # None without --tp
     model: Wrapped
     if cfg.mode == "dp":
         model = MasterDataParallel(net, cfg.algorithm, timeout_s=cfg.timeout_s)
