@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,6 +39,25 @@ def init_from_env(backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S) -
     if dist.is_initialized():
         return
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def run_under_torchrun(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    *,
+    backend: str = "gloo",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Any:
+    """Join the world torchrun set up, run fn(rank, *args) on this rank, and leave it cleanly.
+
+    Destroying the process group before the interpreter exits matters: a gloo group left to
+    Python's teardown can abort the process after a successful run.
+    """
+    init_from_env(backend, timeout_s)
+    try:
+        return fn(dist.get_rank(), *args)
+    finally:
+        dist.destroy_process_group()
 
 
 def spawn(
@@ -117,6 +137,12 @@ def _worker(
             pickle.dump(result, f)
     finally:
         dist.destroy_process_group()
+    # The work is done and its result saved: leave without interpreter teardown, where torch's
+    # C++ destructors occasionally abort a loaded machine's worker ("terminate called without an
+    # active exception") after a clean run. A worker that raised took the normal path above.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _load(path: Path, rank: int, allow_missing: bool) -> Any:

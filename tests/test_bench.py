@@ -113,9 +113,15 @@ def test_bench_under_torchrun_on_two_nodes(tmp_path: Path) -> None:
         "--warmup",
         "1",
     ]
+    # is_host names the agent that serves the rendezvous store, so two agents on one host cannot race.
     agents = [
         subprocess.Popen(
-            [*command, "--json", str(out)] if i == 0 else command,
+            [
+                *command[:8],
+                f"--rdzv-conf=is_host={i == 0}",
+                *command[8:],
+                *(["--json", str(out)] if i == 0 else []),
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -100,17 +100,12 @@ def bench(
 
 def _run(cfg: BenchConfig, nproc: int, local_size: int) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
     """Under torchrun: run in this world. Otherwise spawn nproc local ranks."""
-    import torch.distributed as dist
-
-    from ringtree.bench import environment, worker
-    from ringtree.launch import default_backend, init_from_env, spawn, under_torchrun
+    from ringtree.launch import default_backend, run_under_torchrun, spawn, under_torchrun
 
     backend = default_backend(cfg.device)
     if under_torchrun():
-        init_from_env(backend, cfg.timeout_s)
-        rows = worker(dist.get_rank(), cfg)
-        env = environment(cfg.device)
-        return (rows if dist.get_rank() == 0 else None), env
+        rank, rows, env = run_under_torchrun(_ranked, (cfg,), backend=backend, timeout_s=cfg.timeout_s)
+        return (rows if rank == 0 else None), env
     if nproc < 1:
         raise typer.BadParameter(f"--nproc must be at least 1, got {nproc}")
     results = spawn(
@@ -124,6 +119,10 @@ def _run(cfg: BenchConfig, nproc: int, local_size: int) -> tuple[list[dict[str, 
     )
     rows, env = results[0]
     return rows, env
+
+
+def _ranked(rank: int, cfg: BenchConfig) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    return (rank, *_spawned(rank, cfg))
 
 
 def _spawned(rank: int, cfg: BenchConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,26 +103,38 @@ def train(
 
 def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None:
     """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise spawn."""
-    from ringtree.launch import init_from_env, spawn, under_torchrun
-    from ringtree.train import train as train_ddp
-    from ringtree.train.pipeline_trainer import train_pipeline
+    from ringtree.launch import run_under_torchrun, spawn, under_torchrun
 
-    train_rank = train_pipeline if cfg.pp > 1 else train_ddp
-
+    train_rank = _trainer(cfg)
     if under_torchrun():
-        import torch.distributed as dist
-
-        init_from_env("gloo", cfg.timeout_s)
-        mine = train_rank(dist.get_rank(), cfg, tracing)
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-        return every if dist.get_rank() == 0 else None
+        gathered: list[RankResult] | None = run_under_torchrun(
+            _train_and_gather, (cfg, tracing), backend="gloo", timeout_s=cfg.timeout_s
+        )
+        return gathered
     if nproc < 1:
         raise typer.BadParameter(f"--nproc must be at least 1, got {nproc}")
     results: list[RankResult] = spawn(
         train_rank, nproc, (cfg, tracing), timeout_s=24 * 3600.0, collective_timeout_s=cfg.timeout_s
     )
     return results
+
+
+def _trainer(cfg: TrainConfig) -> Callable[[int, TrainConfig, bool], RankResult]:
+    """The data-parallel trainer, or the pipeline trainer when --pp > 1."""
+    from ringtree.train import train as train_ddp
+    from ringtree.train.pipeline_trainer import train_pipeline
+
+    return train_pipeline if cfg.pp > 1 else train_ddp
+
+
+def _train_and_gather(rank: int, cfg: TrainConfig, tracing: bool) -> list[RankResult] | None:
+    """Train this rank of a torchrun world; rank 0 gets every rank's result."""
+    import torch.distributed as dist
+
+    mine = _trainer(cfg)(rank, cfg, tracing)
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every if rank == 0 else None
 
 
 def _report(
