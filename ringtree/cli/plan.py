@@ -41,6 +41,11 @@ def plan(
     micro_batches: int = typer.Option(4, help="Micro-batches per pipeline step (with --pp)."),
     schedule: str = typer.Option("1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream."),
     activation_mb: float = typer.Option(0.0, help="MB of one micro-batch's activation between stages."),
+    tp: int = typer.Option(1, help="Tensor-parallel degree: also predict a DP x TP step (transformers)."),
+    shape: str | None = typer.Option(
+        None,
+        help="With --tp: LAYERS,HIDDEN,SEQ of the transformer (presets know theirs), e.g. 96,12288,2048.",
+    ),
     json_path: Path | None = typer.Option(None, "--json", help="Write the plan as JSON here."),
     plot: Path | None = typer.Option(None, help="PNG of the speedup from 1 to --nodes nodes."),
 ) -> None:
@@ -65,6 +70,8 @@ def plan(
     _print(result)
     if pp > 1:
         result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
+    if tp > 1:
+        result["tensor_parallel"] = _tensor_parallel(config, cluster, tp, model, shape, result["algorithm"])
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:
@@ -128,6 +135,40 @@ def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, acti
         highlight=False,
     )
     return out
+
+
+def _tensor_parallel(
+    config: Any, cluster: Any, tp: int, model: str | None, shape: str | None, algorithm: str
+) -> dict[str, Any]:
+    """The DP x TP step with the TP group inside a node (as the Mesh places it) and spread across nodes."""
+    from ringtree.sim.plan import DTYPE_BYTES
+    from ringtree.sim.tensor_parallel import SHAPES, TPShape, predict_tp_step
+
+    try:
+        dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
+        if dims is None or len(dims) != 3:
+            raise ValueError(
+                f"--tp needs the transformer's shape: pass --shape LAYERS,HIDDEN,SEQ (got {shape!r}) or "
+                f"a --model preset with a known shape: {', '.join(SHAPES)}"
+            )
+        layers, hidden, seq = dims
+        tshape = TPShape(layers, hidden, seq, config.batch_size, DTYPE_BYTES[config.grad_dtype])
+        inside = predict_tp_step(config, tshape, cluster, tp, algorithm)
+        across = (
+            predict_tp_step(config, tshape, cluster, tp, algorithm, spread=True)
+            if cluster.nodes >= tp
+            else None
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    for where, row in (("inside a node", inside), ("one rank per node", across)):
+        if row is not None:
+            console.print(
+                f"tensor parallel tp={tp}, {where} ({row['tp_link']}): step {row['step_time_s']:.4f} s, TP "
+                f"all-reduces {row['tp_comm_time_s']:.4f} s, {row['samples_per_s']:.1f} samples/s",
+                highlight=False,
+            )
+    return {"inside_node": inside, "across_nodes": across}
 
 
 def _cluster_title(cluster: Any) -> str:
