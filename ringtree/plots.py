@@ -39,10 +39,7 @@ def plot_bench(rows: list[dict[str, Any]], path: Path, env: dict[str, Any]) -> N
         f"{collective}, {env.get('world_size')} ranks, {env.get('backend')}, "
         f"torch {env.get('torch')}, {env.get('host_cores')} cores"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: str) -> None:
@@ -65,10 +62,7 @@ def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: st
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_scaling(nodes: list[int], curves: dict[str, list[float]], path: Path, title: str) -> None:
@@ -87,10 +81,7 @@ def plot_scaling(nodes: list[int], curves: dict[str, list[float]], path: Path, t
     ax.grid(True, alpha=0.3)
     ax.legend()
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_gantt(spans: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -122,10 +113,7 @@ def plot_gantt(spans: list[dict[str, Any]], path: Path, title: str) -> None:
 
     ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()])
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_bubble(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -153,6 +141,13 @@ def plot_bubble(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title(title, fontsize=9)
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
+    """Lay out, write the PNG (creating its folder) and free the figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
