@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from ringtree.cli import (
     bench,  # noqa: F401  (registers its subcommand)
     sim,  # noqa: F401  (registers sim, plan and calibrate)
@@ -11,4 +14,20 @@ from ringtree.cli.app import app
 
 
 def main() -> None:
-    app()
+    """Run the command. A torchrun worker then leaves without interpreter teardown: torch's
+    C++ destructors sometimes abort a gloo worker there ("terminate called without an active
+    exception") after a successful run, and torchrun would report the job as failed."""
+    try:
+        app()
+    except SystemExit as e:
+        if "TORCHELASTIC_RUN_ID" not in os.environ:
+            raise
+        _exit_now(e.code if isinstance(e.code, int) else int(e.code is not None))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
