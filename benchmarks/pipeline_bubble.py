@@ -231,7 +231,7 @@ def main() -> None:
         "backend": "gloo",
     }
     if args.target_only:
-        out = {"environment": env, **target(args)}
+        out = {"environment": {**env, "world_size": args.target_stages}, **target(args)}
         if args.json is not None:
             args.json.write_text(json.dumps({k: v for k, v in out.items() if k != "target_gantt"}, indent=1))
             print(f"wrote {args.json}")
