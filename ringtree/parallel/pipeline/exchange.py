@@ -76,7 +76,7 @@ class Exchange:
 
     def __init__(self, stage: int, ranks: list[int], device: torch.device, timeout_s: float) -> None:
         self.stage, self.ranks, self.device, self.timeout_s = stage, ranks, device, timeout_s
-        self.early = dist.get_backend() != "nccl"  # see the module's docstring
+        self.early = True  # set by start(), once the process group exists (see the module's docstring)
         # (direction, i) -> the shape last transferred; sender and receiver keep identical copies
         self.sent: dict[tuple[str, int], Shape] = {}
         self.received: dict[tuple[str, int], Shape] = {}
@@ -92,6 +92,7 @@ class Exchange:
     def start(self, receives: list[tuple[str, int]], context: str) -> None:
         """Post the headers of the run's receives (in order) and the payloads of known shape."""
         self.context = context
+        self.early = dist.get_backend() != "nccl"
         self.posted = {what: _Posted() for what in DIRECTIONS}
         if not self.early:
             return
