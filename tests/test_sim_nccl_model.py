@@ -34,7 +34,9 @@ def test_one_node_a100_crossovers_match_the_hand_computation() -> None:
     assert [(old, new) for _, old, new in found] == [("ring/LL", "ring/LL128"), ("ring/LL128", "ring/Simple")]
     for (size, _, _), want in zip(found, expected, strict=True):
         assert size == pytest.approx(want, rel=0.002)
-    assert m.choose(DGX_A100, p, 1, 1 << 30).model_us == pytest.approx(simple[0] + (1 << 30) / (1000 * simple[1]))
+    assert m.choose(DGX_A100, p, 1, 1 << 30).model_us == pytest.approx(
+        simple[0] + (1 << 30) / (1000 * simple[1])
+    )
 
 
 def test_multi_node_starts_on_the_tree_and_ends_on_the_ring() -> None:
@@ -74,5 +76,11 @@ def test_native_is_nccl_on_gpu_links_and_gloo_ring_elsewhere() -> None:
 
 
 def test_generation_from_device_names() -> None:
-    names = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB", "NVIDIA B200", "Tesla T4"]
+    names = [
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA H100 80GB HBM3",
+        "Tesla V100-SXM2-16GB",
+        "NVIDIA B200",
+        "Tesla T4",
+    ]
     assert [m.generation_of(n) for n in names] == ["ampere", "hopper", "volta", "blackwell", None]

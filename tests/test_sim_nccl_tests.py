@@ -9,6 +9,7 @@ import pytest
 from ringtree.sim.nccl_tests import NcclTestsError, looks_like_nccl_tests, parse, parse_text
 
 DATA = Path(__file__).parent / "data" / "nccl-tests"
+A100_4X8 = (DATA / "a100-4x8.log").read_text()
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,9 @@ DATA = Path(__file__).parent / "data" / "nccl-tests"
         ("h100-2x8-a3mega.log", 16, 2, 31, 8, 8 << 30),
     ],
 )
-def test_layouts_of_every_version(name: str, ranks: int, nodes: int, rows: int, first: int, last: int) -> None:
+def test_layouts_of_every_version(
+    name: str, ranks: int, nodes: int, rows: int, first: int, last: int
+) -> None:
     (run,) = parse(DATA / name)
     assert (run.world_size, run.nodes, run.ranks_per_node) == (ranks, nodes, ranks // nodes)
     assert len(run.rows) == rows
@@ -46,7 +49,7 @@ def test_times_read_from_the_right_columns() -> None:
 
 def test_two_runs_in_one_file_and_zero_byte_rows() -> None:
     text = (DATA / "a100-4x8.log").read_text()
-    zero = f"{0:12d}  {0:12d}     float     sum      -1     5.70    0.00    0.00      0     5.54    0.00    0.00      0\n"
+    zero = f"{0:12d}  {0:12d}     float     sum      -1  5.70  0.00  0.00  0  5.54  0.00  0.00  0\n"
     lines = text.splitlines(keepends=True)
     units = next(i for i, line in enumerate(lines) if "(elements)" in line)
     lines.insert(units + 1, zero)
@@ -60,13 +63,21 @@ def test_two_runs_in_one_file_and_zero_byte_rows() -> None:
     [
         ((DATA / "truncated.log").read_text(), "truncated.log: line 54: expected 13 columns"),
         ((DATA / "reduce-scatter.log").read_text(), "reduce_scatter_perf output"),
-        ((DATA / "a100-4x8.log").read_text().split("# Out of bounds")[0], "ends without nccl-tests' '# Avg bus"),
+        (
+            (DATA / "a100-4x8.log").read_text().split("# Out of bounds")[0],
+            "ends without nccl-tests' '# Avg bus",
+        ),
         ("# nThread 1 nGpus 1\n# Using devices\nhello\n", "no all_reduce_perf table found"),
         (
-            "\n".join(line for line in (DATA / "a100-4x8.log").read_text().splitlines() if "Rank" not in line),
+            "\n".join(
+                line for line in (DATA / "a100-4x8.log").read_text().splitlines() if "Rank" not in line
+            ),
             "no 'Rank ... on HOST device ...' lines",
         ),
-        ((DATA / "a100-4x8.log").read_text().replace("on  dgx-a100-03", "on  dgx-a100-02", 3), "ranks per host"),
+        (
+            (DATA / "a100-4x8.log").read_text().replace("on  dgx-a100-03", "on  dgx-a100-02", 3),
+            "ranks per host",
+        ),
         (
             (DATA / "a100-4x8.log").read_text().replace("  2097152  ", "  2O97152  ", 1),
             "cannot read a size and times",

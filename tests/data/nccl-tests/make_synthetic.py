@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the lines written are nccl-tests' fixed-width log lines, kept whole to be read)
 """Writes the synthetic A100 nccl-tests logs of this folder (see README.md); run from the repo root.
 
 The "true" machine is NCCL's own cost model of a DGX A100 (NVLink 3, eight 200 Gbit/s HDR NICs)
@@ -16,7 +17,9 @@ from ringtree.sim.presets import INTER, INTRA
 
 HERE = Path(__file__).parent
 TRUTH = NcclTuning(
-    nccl_model.system_from_links("ampere", "nvlink", INTRA["nvlink-a100"].bandwidth_Bps, 8 * INTER["ib-hdr"].bandwidth_Bps),
+    nccl_model.system_from_links(
+        "ampere", "nvlink", INTRA["nvlink-a100"].bandwidth_Bps, 8 * INTER["ib-hdr"].bandwidth_Bps
+    ),
     Corrections(latency_intra=1.8, latency_inter=1.3, transfer_intra=1.04, transfer_inter=1.10),
 )
 GPU = "NVIDIA A100-SXM4-80GB"
@@ -40,7 +43,9 @@ def devices(p: int, nodes: int, group: bool, hash_: bool, same_pid: bool) -> lis
         host, dev = f"dgx-a100-{r // (p // nodes):02d}", r % (p // nodes)
         pid = 41000 if same_pid else 41000 + r
         grp = " Group  0" if group else ""
-        out.append(f"{'#' if hash_ else ' '}  Rank {r:2d}{grp} Pid {pid:6d} on {host:>12} device {dev:2d} [{BUS[dev]}] {GPU}")
+        out.append(
+            f"{'#' if hash_ else ' '}  Rank {r:2d}{grp} Pid {pid:6d} on {host:>12} device {dev:2d} [{BUS[dev]}] {GPU}"
+        )
     return out
 
 
@@ -58,12 +63,16 @@ def old_format(path: Path, p: int, sizes: list[int]) -> None:
     ]
     for k, n in enumerate(sizes):
         (a, b, c), (d, e, f) = (cells(p, n, t) for t in times(p, 1, n, k))
-        lines.append(f"{n:12d}  {n // 4:12d}   float     sum  {a:>7}  {b:>6}  {c:>6}  0e+00  {d:>7}  {e:>6}  {f:>6}  0e+00")
+        lines.append(
+            f"{n:12d}  {n // 4:12d}   float     sum  {a:>7}  {b:>6}  {c:>6}  0e+00  {d:>7}  {e:>6}  {f:>6}  0e+00"
+        )
     lines += [" Out of bounds values : 0 OK", " Avg bus bandwidth    : 100.0 ", ""]
     path.write_text("\n".join(lines) + "\n")
 
 
-def new_format(path: Path, p: int, nodes: int, sizes: list[int], step: str, group: bool, repeat: int, info: bool) -> None:
+def new_format(
+    path: Path, p: int, nodes: int, sizes: list[int], step: str, group: bool, repeat: int, info: bool
+) -> None:
     """nccl-tests 2.13-era layout: root and #wrong columns; optional Group column, repeats, NCCL INFO."""
     head = [
         f"# nThread 1 nGpus 1 minBytes {sizes[0]} maxBytes {sizes[-1]} step: {step} warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0",
@@ -87,7 +96,9 @@ def new_format(path: Path, p: int, nodes: int, sizes: list[int], step: str, grou
     ]
     for k, n in enumerate(sizes):
         (a, b, c), (d, e, f) = (cells(p, n, t) for t in times(p, nodes, n, k))
-        lines.append(f"{n:12d}  {n // 4:12d}     float     sum      -1  {a:>7}  {b:>6}  {c:>6}      0  {d:>7}  {e:>6}  {f:>6}      0")
+        lines.append(
+            f"{n:12d}  {n // 4:12d}     float     sum      -1  {a:>7}  {b:>6}  {c:>6}      0  {d:>7}  {e:>6}  {f:>6}      0"
+        )
         if info and k == len(sizes) // 2:
             lines.append("dgx-a100-01:41008:41101 [0] NCCL INFO NCCL_IB_TIMEOUT set by environment to 22.")
     lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 100.0 ", "#", ""]
@@ -97,7 +108,9 @@ def new_format(path: Path, p: int, nodes: int, sizes: list[int], step: str, grou
 def main() -> None:
     pow2 = [8 << k for k in range(28)]  # 8 B .. 1 GiB
     old_format(HERE / "a100-1x8-old.log", 8, pow2)
-    new_format(HERE / "a100-2x8-mpirun.log", 16, 2, [1024 << 2 * k for k in range(11)], "4(factor)", True, 2, True)
+    new_format(
+        HERE / "a100-2x8-mpirun.log", 16, 2, [1024 << 2 * k for k in range(11)], "4(factor)", True, 2, True
+    )
     new_format(HERE / "a100-4x8.log", 32, 4, pow2, "2(factor)", False, 1, False)
     step = [(4 << 20) * (k + 1) for k in range(16)]  # -b 4M -e 64M -i 4M
     new_format(HERE / "a100-1x8-step.log", 8, 1, step, "4194304(bytes)", True, 1, False)
