@@ -132,15 +132,15 @@ def fit(rows: list[dict[str, Any]]) -> Calibration:
     names = (
         ("alpha", "beta", "alpha_inter", "beta_inter", "gamma") if two_level else ("alpha", "beta", "gamma")
     )
+    measured = np.array([r["time_us"] * 1e-6 for r in used])
+    theta = np.array([1e-5, 1e-9, 1e-5, 1e-9, 1e-11] if two_level else [1e-5, 1e-9, 1e-11])
     sizes = {int(r["bytes"]) for r in used}
-    if len(used) < len(names) or len(sizes) < 2:
+    if len(used) < len(names) or np.linalg.matrix_rank(np.array([coefficients(r, theta) for r in used])) < 2:
         raise ValueError(
             f"{len(used)} all_reduce row(s) of {len(sizes)} size(s) cannot fit {len(names)} parameters "
             f"({', '.join(names)}): give at least {len(names)} rows over at least 2 sizes "
             "(e.g. `ringtree bench --min-bytes 4K --max-bytes 64M --json FILE`)"
         )
-    measured = np.array([r["time_us"] * 1e-6 for r in used])
-    theta = np.array([1e-5, 1e-9, 1e-5, 1e-9, 1e-11] if two_level else [1e-5, 1e-9, 1e-11])
     best, best_err = theta, math.inf
     for _ in range(_ITERATIONS):
         design = np.array([coefficients(r, theta) for r in used]) / measured[:, None]
