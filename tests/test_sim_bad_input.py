@@ -112,6 +112,8 @@ CASES = [
         ],
         "--method auto or closed-form",
     ),
+    ("out is a folder", lambda t: ["calibrate", BENCH(t), "--out", str(t)], "is a folder"),
+    ("json is a folder", lambda t: ["sim", "--intra", "nvlink-a100", "--json", str(t)], "is a folder"),
     (
         "plot without sweep",
         lambda t: ["sim", "--intra", "nvlink-a100", "--plot", str(t / "p.png")],

@@ -95,3 +95,12 @@ def test_garbage_names_the_file_and_line(text: str, fragment: str) -> None:
 def test_content_sniffing() -> None:
     assert looks_like_nccl_tests((DATA / "a100-1x8-old.log").read_text())
     assert not looks_like_nccl_tests((DATA / "not-nccl.log").read_text())
+
+
+def test_device_block_repeated_after_the_column_header() -> None:
+    lines = (DATA / "a100-4x8.log").read_text().splitlines()
+    ranks = [line for line in lines if "Rank" in line]
+    rest = [line for line in lines if "Rank" not in line]
+    header = next(i for i, line in enumerate(rest) if line.lstrip("#").split()[:2] == ["size", "count"])
+    (run,) = parse_text("\n".join(rest[: header + 1] + ranks + ranks + rest[header + 1 :]), "late.log")
+    assert (run.world_size, run.nodes) == (32, 4) and run.gpu.endswith("A100-SXM4-80GB")

@@ -120,11 +120,13 @@ def parse_text(text: str, name: str) -> list[NcclRun]:
                 raise _truncated(name, i, run)
             hosts.setdefault(int(rank.group("rank")), rank.group("host"))
             gpu = gpu or rank.group("gpu")
+            if run is not None:
+                run.gpu = run.gpu or gpu
             continue
         if _is_column_header(line):
             if run is None or not run.rows:
                 columns = _column_names(line)
-                run = NcclRun(name, i, dict(hosts), gpu)
+                run = NcclRun(name, i, hosts, gpu)  # shares `hosts`: a repeated block still counts
             continue
         if line.lstrip("# ").startswith(_END):
             if run is None or not run.rows:
