@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli import app
-from ringtree.sim import Cluster, Link, allreduce_time, estimate, make_cluster, nccl_fit
+from ringtree.sim import Cluster, Link, allreduce_time, estimate, make_cluster, nccl_fit, nccl_model
 from ringtree.sim.calibrate import fit
 from ringtree.sim.nccl_tests import parse
 
@@ -123,3 +123,16 @@ def test_mixed_bench_rows_and_nccl_logs_in_one_call(tmp_path: Path) -> None:
     assert data["alpha_s"] == pytest.approx(INTRA.alpha_s, rel=1e-3)
     assert data["nccl"]["fitted"] == ["latency_intra", "transfer_intra"]
     json.loads(machine.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+
+def test_published_a100_log_fit_and_a_two_node_prediction() -> None:
+    rows = nccl_rows("a100-1x8-galvatron.log")
+    section = nccl_fit.fit(rows)
+    assert section["levels"]["intra"]["rms_rel_error"] < 0.12
+    table = section["table"]
+    uncorrected = np.array([r["nccl_model_us"] / r["measured_us"] - 1 for r in table])
+    assert float(np.sqrt(np.mean(uncorrected**2))) > 0.3  # what the calibration buys on this log
+    tuning = nccl_fit.tuning(section)
+    seconds, choice = nccl_model.allreduce_seconds(tuning, 16, 2, 1 << 30)
+    # OCI BM.GPU.B4.8, 2 x 8 A100, 1 GiB: 10,785 us (docs/accuracy.md, source d)
+    assert choice.label == "ring/Simple" and seconds * 1e6 == pytest.approx(10785, rel=0.05)

@@ -23,7 +23,8 @@ A100_4X8 = (DATA / "a100-4x8.log").read_text()
         ("a100-4x8.log", 32, 4, 28, 8, 1 << 30),
         # sizes in a linear step pattern (-b 4M -e 64M -i 4M)
         ("a100-1x8-step.log", 8, 1, 16, 4 << 20, 64 << 20),
-        # a published 2 x 8 H100 run (figures from the source in tests/data/nccl-tests/README.md)
+        # published 8 x A100 (-g 8) and 2 x 8 H100 runs (sources in tests/data/nccl-tests/README.md)
+        ("a100-1x8-galvatron.log", 8, 1, 11, 1 << 20, 1 << 30),
         ("h100-2x8-a3mega.log", 16, 2, 31, 8, 8 << 30),
     ],
 )
