@@ -112,6 +112,11 @@ CASES = [
         ],
         "--method auto or closed-form",
     ),
+    (
+        "no NICs",
+        lambda t: ["calibrate", str(DATA / "a100-2x8-mpirun.log"), "--nics-per-node", "0"],
+        "at least 1",
+    ),
     ("out is a folder", lambda t: ["calibrate", BENCH(t), "--out", str(t)], "is a folder"),
     ("json is a folder", lambda t: ["sim", "--intra", "nvlink-a100", "--json", str(t)], "is a folder"),
     (

@@ -203,6 +203,8 @@ def calibrate(
     from ringtree.sim.presets import INTER
 
     try:
+        if nics_per_node is not None and nics_per_node < 1:
+            raise ValueError(f"--nics-per-node must be at least 1, got {nics_per_node}")
         target = _calibration_target(out, files)
         bench_rows: list[dict[str, Any]] = []
         nccl_rows: list[dict[str, Any]] = []
