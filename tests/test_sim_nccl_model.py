@@ -49,7 +49,11 @@ def test_multi_node_starts_on_the_tree_and_ends_on_the_ring() -> None:
 
 def test_nvls_only_on_hopper_nvswitch_and_ll128_only_on_nvlink() -> None:
     h100 = m.system_from_links("hopper", "nvlink", 450e9, 8 * 50e9)
-    assert h100.nvls and m.choose(h100, 8, 1, 1 << 30).label == "nvls/Simple"
+    big = m.choose(h100, 8, 1, 1 << 30)
+    assert h100.nvls and big.label == "nvls/Simple"
+    # search.cc: 8 channels (one per GPU) at 50 GB/s (60 x 8 > 370.8 x 8/7), bwInter raised to 60;
+    # tuning.cc: busBw = 8 x min(50 x 0.85 x 7/8 x 2, 60) = 480; latency: NVLink NVLS 25 us
+    assert big.model_us == pytest.approx(25 + (1 << 30) / (1000 * 480 * 8 / 14))
     assert m.choose(h100, 16, 2, 1 << 30).algorithm in ("nvls_tree", "ring")
     assert all(c.algorithm not in ("nvls", "nvls_tree") for c in m.candidates(DGX_A100, 8, 1, 1 << 30))
     pcie = m.system_from_links("ampere", "pci", 31.5e9, 12.5e9)

@@ -2,7 +2,7 @@
 
 NCCL prices every (algorithm, protocol) pair as latency + bytes / bandwidth and runs the cheapest
 (`ncclTopoTuneModel` and `ncclTopoGetAlgoTime`). The figures below are NCCL's, from
-NVIDIA/nccl src/graph/tuning.cc and src/graph/topo.h at commit 5067397 (June 2026); the structure
+NVIDIA/nccl src/graph/tuning.cc, search.cc and topo.h at commit 5067397 (June 2026); the structure
 of the formulas follows that file, written here from its description (docs/simulator.md, "What
 NCCL chooses"). Latencies are in microseconds, bandwidths in GB/s, as in NCCL.
 
@@ -82,7 +82,19 @@ NVLINK_BW_PER_LINK = {
     "blackwell": 40.1,
 }  # topo.h SMxx_NVLINK_BW
 MAX_CHANNELS = 32  # MAXCHANNELS
-NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default
+# search.cc: per-channel speeds the topology search tries, fastest first (Hopper, Blackwell).
+NVLS_SPEEDS_INTRA = {
+    "volta": (3.0,), "ampere": (3.0,),
+    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
+}  # fmt: skip
+NVLS_SPEEDS_INTER = {
+    "volta": (0.12,), "ampere": (0.12,),
+    "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
+               2.4, 1.2, 0.24, 0.12),
+    "blackwell": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0,
+                  6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -172,14 +184,33 @@ def _bus_bandwidth(s: NcclSystem, nodes: int) -> float:
     return min(s.intra_bus_GBps, s.inter_bus_GBps)
 
 
-def _nvls_bus(s: NcclSystem, algorithm: str, nodes: int, col: int) -> float:
-    """NVLS and NVLS-tree: the switch reduces, so the fabric carries each byte about half as often."""
-    per_ch_intra = s.intra_bus_GBps / NVLS_CHANNELS
-    intra = per_ch_intra * NVLS_EFFICIENCY[s.generation] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * 2.0
+def _nvls_graph(s: NcclSystem, ppn: int, nodes: int) -> tuple[int, float, float]:
+    """(channels, bwIntra, bwInter) of NCCL's NVLS graph search (search.cc, ncclTopoCompute).
+
+    One channel per GPU of the node (at most NCCL_MAX_NVLS_ARITY, 32); the per-channel speed is
+    the first of the generation's speed array that the channels fit in: the GPU's NVLink
+    bandwidth, counted x p/(p-1) for non-ring patterns, inside a node; a NIC per channel across
+    nodes. On one node the search then raises bwInter one step (pass 2).
+    """
+    nc = min(32, ppn)
+    total = s.intra_bus_GBps * ppn / max(1, ppn - 1)
+    speeds = NVLS_SPEEDS_INTRA[s.generation] if nodes == 1 else NVLS_SPEEDS_INTER[s.generation]
+    limit = s.intra_bus_GBps if nodes == 1 else min(s.intra_bus_GBps, s.inter_bus_GBps / nc)
+    i = next((j for j, v in enumerate(speeds) if v <= limit and v * nc <= total), len(speeds) - 1)
+    bw_intra = bw_inter = speeds[i]
+    if nodes == 1 and i > 0 and speeds[i - 1] < 2 * bw_intra:
+        bw_inter = speeds[i - 1]
+    return nc, bw_intra, bw_inter
+
+
+def _nvls_bus(s: NcclSystem, algorithm: str, ppn: int, nodes: int, col: int) -> float:
+    """NVLS and NVLS-tree busBw: the switch reduces, so the fabric carries each byte about half as often."""
+    nc, bw_intra, bw_inter = _nvls_graph(s, ppn, nodes)
+    intra = bw_intra * NVLS_EFFICIENCY[s.generation] * (nc - 1) / nc * 2.0  # all-reduce pipelines two ops
     if algorithm == "nvls":
-        return NVLS_CHANNELS * intra
-    inter = s.inter_bus_GBps / NVLS_CHANNELS * (2 if nodes <= 2 else 1)
-    return NVLS_CHANNELS * min(intra, inter, PER_CH_NVLS_TREE[s.generation][col])
+        return nc * min(intra, bw_inter)
+    inter = bw_inter * (2 if nodes <= 2 else 1)
+    return nc * min(intra, inter, PER_CH_NVLS_TREE[s.generation][col])
 
 
 def bandwidth(s: NcclSystem, algorithm: str, protocol: str, p: int, nodes: int) -> float:
@@ -188,7 +219,7 @@ def bandwidth(s: NcclSystem, algorithm: str, protocol: str, p: int, nodes: int) 
     nc, gen = s.channels, s.generation
     if algorithm in ("nvls", "nvls_tree"):
         usable = s.nvls and protocol == "Simple" and (nodes == 1) == (algorithm == "nvls")
-        return _nvls_bus(s, algorithm, nodes, col) * p / (2 * (p - 1)) if usable else 0.0
+        return _nvls_bus(s, algorithm, p // nodes, nodes, col) * p / (2 * (p - 1)) if usable else 0.0
     if protocol == "LL128" and s.fabric != "nvlink":
         return 0.0  # LL128 is enabled by default only over NVLink
     bus = _bus_bandwidth(s, nodes)
