@@ -220,7 +220,8 @@ def calibrate(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if nccl is not None:
-        fitted = replace(fitted, nccl=nccl)
+        # with bench rows too, ringtree's own algorithms keep the bench-fitted links
+        fitted = replace(fitted, nccl={**nccl, "links_from_bench": bool(bench_rows)})
     write_json(target, {**fitted.as_dict(), "source": [str(f) for f in files]})
     if bench_rows:
         _print_bench_fit(fitted, bench_rows, target)

@@ -54,17 +54,26 @@ def _nccl_cluster(
     fitted: calibrate.Calibration,
     nics_per_node: int | None,
 ) -> Cluster:
-    """A GPU cluster from an nccl-tests calibration; named links or NIC counts replace its own."""
+    """A GPU cluster from an nccl-tests calibration; named links or NIC counts replace its own.
+
+    `native` is priced by the fitted NCCL tuning. ringtree's own algorithms run on the links the
+    logs' hardware has (NVLink, NICs), or on the bench-fitted links when bench rows were fitted too.
+    """
     assert fitted.nccl is not None
     tuning = nccl_fit.tuning(fitted.nccl)
-    intra_link, inter_link, nics = nccl_fit.links(fitted.nccl)
-    intra_link = parse_link(intra, INTRA) if intra else intra_link
-    inter_link = parse_link(inter, INTER) if inter else inter_link
+    nccl_intra, nccl_inter, nics = nccl_fit.links(fitted.nccl)
     nics = nics_per_node or nics
     if intra or inter or nics_per_node:
         old = tuning.system
         system = system_from_links(
-            old.generation, old.fabric, intra_link.bandwidth_Bps, inter_link.bandwidth_Bps * nics
+            old.generation,
+            old.fabric,
+            (parse_link(intra, INTRA) if intra else nccl_intra).bandwidth_Bps,
+            (parse_link(inter, INTER) if inter else nccl_inter).bandwidth_Bps * nics,
         )
         tuning = NcclTuning(system, tuning.corrections)
+    if fitted.nccl.get("links_from_bench"):
+        nccl_intra, nccl_inter = fitted.link, fitted.inter_link or fitted.link
+    intra_link = parse_link(intra, INTRA) if intra else nccl_intra
+    inter_link = parse_link(inter, INTER) if inter else nccl_inter
     return Cluster(nodes, gpus_per_node, intra_link, inter_link, fitted.gamma_s_per_byte, nics, tuning)
