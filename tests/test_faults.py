@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 
 from ringtree import comm
 from ringtree.comm import flight_recorder
-from ringtree.launch import spawn
+from ringtree.launch import elastic_spawn, restart_count, spawn
 
 
 def _error(fn: Any) -> str:
@@ -157,3 +158,18 @@ def test_collectives_need_a_process_group() -> None:
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         comm.all_reduce(torch.ones(2))
+
+
+def killed_once(rank: int, folder: str) -> tuple[int, float]:
+    """Rank 1 kills itself (SIGKILL) in the middle of its first attempt's work."""
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    if rank == 1 and restart_count() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(x)
+    return restart_count(), float(x[0])
+
+
+def test_a_killed_worker_is_restarted_by_the_elastic_agent(tmp_path: Any) -> None:
+    results = elastic_spawn(killed_once, 2, (str(tmp_path),), max_restarts=1)
+    assert results == [(1, 4.0), (1, 4.0)]  # both ranks ran a second attempt to the end
