@@ -173,7 +173,7 @@ def _title(w: Any, nodes: int) -> str:
     where = f"{nodes} nodes of {w.p // nodes}" if nodes > 1 else "1 node"
     return (
         f"ringtree show {w.schedule.algorithm} ({w.schedule.collective}): {w.p} ranks on {where}, "
-        f"{size(w.nbytes)} of float32 in {w.num_chunks} chunks (c0 = {chunk})"
+        f"{size(w.nbytes)} of float32 in {w.num_chunks} chunk{'s' if w.num_chunks > 1 else ''} (c0 = {chunk})"
     )
 
 
@@ -181,7 +181,8 @@ def _print_steps(w: Any, nodes: int) -> None:
     from ringtree.show.text import holds_text, moves_text, size
 
     shown = _shown_ranks(w.p)
-    table = Table(title=_title(w, nodes), title_justify="left", show_lines=True)
+    console.print(_title(w, nodes), highlight=False)
+    table = Table(show_lines=True)
     table.add_column("step", justify="right")
     table.add_column("kind")
     for r in shown:
@@ -292,7 +293,7 @@ def _print_summary(w: Any, c: Any) -> None:
     sub = "" if len(c.levels) == 1 else "_{}"
     alpha = " + ".join(f"{lv.steps}·α{sub.format(lv.link.name)}" for lv in c.levels)
     beta = " + ".join(f"{size(lv.nbytes)}·β{sub.format(lv.link.name)}" for lv in c.levels)
-    terms = " + ".join(f"{seconds(lv.alpha_s)} + {seconds(lv.beta_s)}" for lv in c.levels)
+    terms = " + ".join([seconds(lv.alpha_s) for lv in c.levels] + [seconds(lv.beta_s) for lv in c.levels])
     console.print(f"  this schedule T = {alpha} + {beta} = {terms} = {seconds(c.total_s)}", highlight=False)
     console.print(
         "                (each step costs its slowest message: α + its port's bytes·β)", highlight=False
@@ -408,7 +409,8 @@ def _print_timeline(t: Any) -> None:
 
     s = t.schedule
     width = len(str(s.micro_batches - 1)) + 1
-    table = Table(title="ringtree show " + _pipeline_title(t).replace(" = 1 ms", ""), title_justify="left")
+    console.print("ringtree show " + _pipeline_title(t).replace(" = 1 ms", ""), highlight=False)
+    table = Table()
     for name in (
         "stage",
         "timeline (F forward, B backward, · idle)",
