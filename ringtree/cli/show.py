@@ -184,12 +184,12 @@ def _print_steps(w: Any, nodes: int) -> None:
     console.print(_title(w, nodes), highlight=False)
     table = Table(show_lines=True)
     table.add_column("step", justify="right")
-    table.add_column("kind")
+    table.add_column("kind", overflow="fold")
     for r in shown:
-        table.add_column(f"rank {r}")
+        table.add_column(f"rank {r}", overflow="fold")  # a narrow terminal folds, never hides
     summarised = len(shown) < w.p
     if summarised:
-        table.add_column(f"all {w.p} ranks")
+        table.add_column(f"all {w.p} ranks", overflow="fold")
     table.add_row("start", "", *[_start_text(w, r) for r in shown], *([""] if summarised else []))
     for t in _shown_steps(w.schedule.num_steps):
         if t is None:

@@ -104,7 +104,7 @@ def cost(w: Walkthrough, cluster: Cluster) -> Cost:
         inter = int(step.src[k]) // local != int(step.dst[k]) // local
         link = cluster.inter if inter else cluster.intra
         charged[link.name][0] += 1
-        charged[link.name][1] += (float(step.cost[k]) - link.alpha_s) / link.beta
+        charged[link.name][1] += round((float(step.cost[k]) - link.alpha_s) / link.beta)
     levels = tuple(
         LevelTerms(link, int(charged[link.name][0]), charged[link.name][1])
         for link in dict.fromkeys((cluster.intra, cluster.inter))
