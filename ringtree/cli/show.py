@@ -405,28 +405,26 @@ def _pipeline_title(t: Any) -> str:
 
 
 def _print_timeline(t: Any) -> None:
+    """The timeline as text (one line per stage, never wrapped), then the per-stage figures."""
     from rich.text import Text
 
     s = t.schedule
     width = len(str(s.micro_batches - 1)) + 1
     console.print("ringtree show " + _pipeline_title(t).replace(" = 1 ms", ""), highlight=False)
-    table = Table()
-    for name in (
-        "stage",
-        "timeline (F forward, B backward, · idle)",
-        "busy",
-        "activations in flight",
-        "weight versions",
-    ):
-        table.add_column(name)
     styles = {"forward": "blue", "backward": "yellow", "idle": "dim"}
     for j, row in enumerate(t.slots):
-        line = Text()
+        line = Text(f"stage {j}  ")
         for slot in row:
-            label = "·" if slot.op == "idle" else f"{slot.op[0].upper()}{slot.micro_batch}"
+            label = "·" * width if slot.op == "idle" else f"{slot.op[0].upper()}{slot.micro_batch}"
             line.append(label.ljust(width), style=styles[slot.op])
+        console.print(line, soft_wrap=True)
+    console.print("F forward, B backward (two slots), · idle", highlight=False)
+    table = Table()
+    for name in ("stage", "busy", "activations in flight (peak)", "weight versions (peak)"):
+        table.add_column(name, justify="right")
+    for j, row in enumerate(t.slots):
         busy = sum(slot.op != "idle" for slot in row) / len(row)
-        table.add_row(str(j), line, f"{busy:.0%}", str(t.in_flight()[j]), str(t.versions()[j]))
+        table.add_row(str(j), f"{busy:.0%}", str(t.in_flight()[j]), str(t.versions()[j]))
     console.print(table)
     p, m = s.stages, s.micro_batches
     console.print(
