@@ -277,32 +277,41 @@ def _print_summary(w: Any, c: Any) -> None:
         f"\nsteps: {w.schedule.num_steps}   bytes sent per rank: {per_rank} "
         f"(= {hi / max(w.nbytes, 1):.3g} n, n = {size(w.nbytes)})",
         highlight=False,
+        soft_wrap=True,
     )
     dry_run(w.schedule, w.root)
     console.print(
         f"checked: every rank ends with what {w.schedule.collective} promises (ringtree.schedules.verify)",
         highlight=False,
+        soft_wrap=True,
     )
     links = ", ".join(
         f"{lv.link.name}: α = {seconds(lv.link.alpha_s)}, β = 1/({lv.link.bandwidth_Bps / 1e9:.3g} GB/s)"
         for lv in c.levels
     )
-    console.print(f"cost (alpha-beta; {links}):", highlight=False)
+    console.print(f"cost (alpha-beta; {links}):", highlight=False, soft_wrap=True)
     if c.textbook:
-        console.print(f"  textbook      T = {c.textbook}", highlight=False)
+        console.print(f"  textbook      T = {c.textbook}", highlight=False, soft_wrap=True)
     sub = "" if len(c.levels) == 1 else "_{}"
     alpha = " + ".join(f"{lv.steps}·α{sub.format(lv.link.name)}" for lv in c.levels)
     beta = " + ".join(f"{size(lv.nbytes)}·β{sub.format(lv.link.name)}" for lv in c.levels)
     terms = " + ".join([seconds(lv.alpha_s) for lv in c.levels] + [seconds(lv.beta_s) for lv in c.levels])
-    console.print(f"  this schedule T = {alpha} + {beta} = {terms} = {seconds(c.total_s)}", highlight=False)
     console.print(
-        "                (each step costs its slowest message: α + its port's bytes·β)", highlight=False
+        f"  this schedule T = {alpha} + {beta} = {terms} = {seconds(c.total_s)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        "                (each step costs its slowest message: α + its port's bytes·β)",
+        highlight=False,
+        soft_wrap=True,
     )
     if c.simulated_s is not None:
         console.print(
             f"  simulator     T = {seconds(c.simulated_s)} "
             f"({c.method} of this schedule, ringtree.sim: adds γ and link sharing)",
             highlight=False,
+            soft_wrap=True,
         )
 
 
