@@ -241,6 +241,17 @@ def test_pictures(tmp_path: Path) -> None:
     ]
 
 
+def test_trees_draw_for_many_ranks_but_holdings_pictures_are_refused_up_front(tmp_path: Path) -> None:
+    code, out = run("double_tree", "--ranks", "16", "--png", str(tmp_path / "dt.png"))
+    assert code == 0, out
+    assert (tmp_path / "dt.png").exists()
+    code, out = run("ring", "--ranks", "16", "--png", str(tmp_path / "ring.png"))
+    assert code == 2
+    assert "pictures of holdings need --ranks 8 or fewer" in out
+    assert "steps:" not in out  # refused before any work
+    assert not (tmp_path / "ring.png").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -133,6 +133,12 @@ def _collective_request(
     }
 
 
+def _has_trees(q: dict[str, Any]) -> bool:
+    from ringtree.show.trees import TREE_ALGORITHMS
+
+    return (q["collective"], q["algorithm"]) in TREE_ALGORITHMS
+
+
 def _shown_ranks(p: int) -> list[int]:
     return list(range(p)) if p <= FULL_RANKS else [0, 1, p - 1]
 
@@ -151,6 +157,12 @@ def _show_collective(
     from ringtree.show.steps import walk
 
     p = q["p"]
+    json_path, png, animate = outputs
+    holdings_picture = animate is not None or (png is not None and not _has_trees(q))
+    if holdings_picture and p > FULL_RANKS:
+        raise ValueError(
+            f"pictures of holdings need --ranks {FULL_RANKS} or fewer (got {p}); trees draw for any count"
+        )
     w = walk(
         q["collective"], q["algorithm"], p, q["nbytes"], q["nodes"], q["root"], tracked=set(_shown_ranks(p))
     )
@@ -159,7 +171,6 @@ def _show_collective(
     _print_steps(w, q["nodes"])
     _print_trees(q, w)
     _print_summary(w, c)
-    json_path, png, animate = outputs
     if json_path is not None:
         write_json(json_path, _collective_json(w, q, c))
         console.print(f"wrote {json_path}", highlight=False)
@@ -351,15 +362,8 @@ def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: P
             for k, s in enumerate(shown, 1)
         ]
         plots.plot_trees(data, png, title + ("\nfilled: interior, hollow: leaf" if len(shown) > 1 else ""))
-    if png is None and animate is None:
-        return
-    if len(_shown_ranks(w.p)) < w.p:
-        raise ValueError(
-            f"pictures of holdings need --ranks {FULL_RANKS} or fewer (got {w.p}); "
-            "the trees are drawn for any count"
-        )
-    frames = _frames(w)
-    if png is not None and not shown:
+    elif png is not None:  # one panel per step, at most 16 evenly spread
+        frames = _frames(w)
         picks = (
             frames if len(frames) <= 16 else [frames[round(k * (len(frames) - 1) / 15)] for k in range(16)]
         )
@@ -367,7 +371,7 @@ def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: P
     if png is not None:
         console.print(f"wrote {png}", highlight=False)
     if animate is not None:
-        plots.animate_holdings(frames, w.p, animate, title)
+        plots.animate_holdings(_frames(w), w.p, animate, title)
         console.print(f"wrote {animate}", highlight=False)
 
 

@@ -117,11 +117,13 @@ def cost(w: Walkthrough, cluster: Cluster) -> Cost:
 def _flows(w: Walkthrough, t: int) -> list[FlowGroup]:
     """Step t's messages as flow groups of equal size (the simulator's input)."""
     by_size: dict[tuple[int, bool], list[tuple[int, int]]] = defaultdict(list)
-    for r, rank in enumerate(w.schedule.steps):
+    steps = w.schedule.steps
+    for r, rank in enumerate(steps):
         for op in rank[t]:
-            if op.kind is not OpKind.SEND:
+            if op.kind is OpKind.SEND:  # r -> op.peer; reduced there if its matching receive reduces
                 reduce = any(
-                    o.kind is OpKind.RECV_REDUCE and o.peer == r for o in w.schedule.steps[op.peer][t]
+                    o.kind is OpKind.RECV_REDUCE and o.peer == r and o.start == op.start
+                    for o in steps[op.peer][t]
                 )
                 by_size[(op.numel * w.itemsize, reduce)].append((r, op.peer))
     return [
