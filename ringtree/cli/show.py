@@ -320,7 +320,7 @@ def _print_summary(w: Any, c: Any) -> None:
     if c.simulated_s is not None:
         console.print(
             f"  simulator     T = {seconds(c.simulated_s)} "
-            f"({c.method} of this schedule, ringtree.sim: adds γ and link sharing)",
+            f"({c.method}, ringtree.sim: adds γ and link sharing)",
             highlight=False,
             soft_wrap=True,
         )

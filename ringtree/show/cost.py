@@ -75,7 +75,7 @@ class Cost:
     levels: tuple[LevelTerms, ...]
     textbook: str | None
     simulated_s: float | None
-    method: str  # how simulated_s was found ("event replay", "closed form" or "")
+    method: str  # how simulated_s was found: the event replay, the closed form, or "" (none)
 
     @property
     def total_s(self) -> float:
@@ -135,7 +135,9 @@ def _flows(w: Walkthrough, t: int) -> list[FlowGroup]:
 def _simulate(w: Walkthrough, cluster: Cluster) -> tuple[float | None, str]:
     """The event replay of this very schedule up to 64 ranks; the closed form of all-reduces beyond."""
     if w.p <= AUTO_REPLAY_MAX_RANKS:
-        return Replay(w.schedule, cluster, w.itemsize).run(), "event replay"
+        return Replay(w.schedule, cluster, w.itemsize).run(), "event replay of this schedule"
     if w.schedule.collective == "all_reduce":
-        return estimate(w.schedule.algorithm, cluster, w.nbytes, w.itemsize), "closed form"
+        return estimate(
+            w.schedule.algorithm, cluster, w.nbytes, w.itemsize
+        ), f"closed form of {w.schedule.algorithm}"
     return None, ""
