@@ -12,7 +12,7 @@ from ringtree.cli import app
 from ringtree.schedules import OpKind
 from ringtree.schedules.pipeline import theoretical_bubble_fraction
 from ringtree.show import cost, make_cluster, timeline, trees_of, walk
-from ringtree.show.steps import members
+from ringtree.show.steps import holdings_frames, members
 from ringtree.show.text import contributors, holds_text
 from ringtree.show.trees import ascii_lines, interior_in_all, positions, role
 from ringtree.sim.closed_form import estimate
@@ -58,6 +58,10 @@ def test_ring_holdings_build_partial_sums_then_every_rank_holds_every_chunk_redu
     assert [(v.done_min, v.done_max) for v in w.steps] == [(0, 0), (0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
     for r in range(4):
         assert w.final(r) == {c: 0b1111 for c in range(4)}
+    frames = holdings_frames(w)  # what --png and --animate draw
+    assert frames[0]["held"] == [[1] * 4] * 4
+    assert frames[1]["held"][0] == [1, 1, 2, 1] and frames[1]["received"] == [(0, 2), (1, 3), (2, 0), (3, 1)]
+    assert frames[-1]["held"] == [[4] * 4] * 4
 
 
 @pytest.mark.parametrize(

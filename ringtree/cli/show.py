@@ -201,7 +201,9 @@ def _print_steps(w: Any, nodes: int) -> None:
     summarised = len(shown) < w.p
     if summarised:
         table.add_column(f"all {w.p} ranks", overflow="fold")
-    table.add_row("start", "", *[_start_text(w, r) for r in shown], *([""] if summarised else []))
+    table.add_row(
+        "start", "", *[holds_text(w.initial[r], {}, w.p) for r in shown], *([""] if summarised else [])
+    )
     for t in _shown_steps(w.schedule.num_steps):
         if t is None:
             table.add_row("…", "", *["…"] * len(shown), *(["…"] if summarised else []))
@@ -223,18 +225,6 @@ def _print_steps(w: Any, nodes: int) -> None:
         "(chunks unchanged since the start left out)",
         highlight=False,
     )
-
-
-def _start_text(w: Any, r: int) -> str:
-    from ringtree.show.text import chunk_list, contributors
-
-    held = w.initial[r]
-    if not held:
-        return "nothing"
-    by_mask: dict[int, list[int]] = {}
-    for c, mask in held.items():
-        by_mask.setdefault(mask, []).append(c)
-    return " ".join(f"{chunk_list(cs)}={contributors(m, w.p)}" for m, cs in by_mask.items())
 
 
 def _print_trees(q: dict[str, Any], w: Any) -> None:
@@ -347,6 +337,7 @@ def _collective_json(w: Any, q: dict[str, Any], c: Any) -> dict[str, Any]:
 
 def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: Path | None) -> None:
     from ringtree import plots
+    from ringtree.show.steps import holdings_frames
     from ringtree.show.trees import positions, trees_of
 
     title = _title(w, q["nodes"]).removeprefix("ringtree show ")
@@ -363,7 +354,7 @@ def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: P
         ]
         plots.plot_trees(data, png, title + ("\nfilled: interior, hollow: leaf" if len(shown) > 1 else ""))
     elif png is not None:  # one panel per step, at most 16 evenly spread
-        frames = _frames(w)
+        frames = holdings_frames(w)
         picks = (
             frames if len(frames) <= 16 else [frames[round(k * (len(frames) - 1) / 15)] for k in range(16)]
         )
@@ -371,21 +362,8 @@ def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: P
     if png is not None:
         console.print(f"wrote {png}", highlight=False)
     if animate is not None:
-        plots.animate_holdings(_frames(w), w.p, animate, title)
+        plots.animate_holdings(holdings_frames(w), w.p, animate, title)
         console.print(f"wrote {animate}", highlight=False)
-
-
-def _frames(w: Any) -> list[dict[str, Any]]:
-    """Per step (and the start): contributions per rank and chunk, and the chunks received."""
-
-    def held(holds: dict[int, dict[int, int]]) -> list[list[int]]:
-        return [[holds[r].get(c, 0).bit_count() for c in range(w.num_chunks)] for r in range(w.p)]
-
-    frames = [{"title": "start", "held": held(dict(enumerate(w.initial))), "received": []}]
-    for v in w.steps:
-        got = [(r, c) for r in range(w.p) for m in w.moves(r, v.t)[1] for c in m.chunks]
-        frames.append({"title": f"after step {v.t} ({w.kind(v.t)})", "held": held(v.holds), "received": got})
-    return frames
 
 
 def _show_pipeline(name: str, p: int, m: int, json_path: Path | None, png: Path | None) -> None:

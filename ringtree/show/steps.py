@@ -197,3 +197,19 @@ def to_json(w: Walkthrough) -> list[dict[str, Any]]:
             ranks.append(entry)
         out.append({"step": v.t, "kind": w.kind(v.t), "ranks": ranks})
     return out
+
+
+def holdings_frames(w: Walkthrough) -> list[dict[str, Any]]:
+    """Per step (and the start), for `ringtree.plots.plot_holdings`: how many ranks' inputs every
+    rank's chunks sum, and the (rank, chunk) pairs received in the step. Needs every rank tracked."""
+
+    def held(holds: dict[int, dict[int, int]]) -> list[list[int]]:
+        return [[holds[r].get(c, 0).bit_count() for c in range(w.num_chunks)] for r in range(w.p)]
+
+    frames: list[dict[str, Any]] = [
+        {"title": "start", "held": held(dict(enumerate(w.initial))), "received": []}
+    ]
+    for v in w.steps:
+        got = [(r, c) for r in range(w.p) for m in w.moves(r, v.t)[1] for c in m.chunks]
+        frames.append({"title": f"after step {v.t} ({w.kind(v.t)})", "held": held(v.holds), "received": got})
+    return frames
