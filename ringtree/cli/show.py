@@ -237,7 +237,8 @@ def _print_trees(q: dict[str, Any], w: Any) -> None:
         console.print(f"\ntree {k} (carries {s.carries}), root {s.tree.root}:", highlight=False)
         if w.p <= DRAW_TREE_RANKS:
             console.print("\n".join(ascii_lines(s.tree)), highlight=False)
-    table = Table(title="each rank's role", title_justify="left")
+    console.print("each rank's role:", highlight=False)
+    table = Table()
     table.add_column("rank", justify="right")
     for k in range(len(shown)):
         table.add_column(f"tree {k + 1}")
@@ -428,9 +429,8 @@ def _print_timeline(t: Any) -> None:
 
 
 def _print_versions(t: Any) -> None:
-    table = Table(
-        title="weight version each forward uses (its backward uses the same, stashed)", title_justify="left"
-    )
+    console.print("weight version each forward uses (its backward uses the same, stashed):", highlight=False)
+    table = Table()
     table.add_column("stage")
     for i in range(t.schedule.micro_batches):
         table.add_column(f"mb {i}", justify="right")
