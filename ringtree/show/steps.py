@@ -144,23 +144,36 @@ def play(s: Schedule, itemsize: int, root: int, tracked: set[int]) -> Walkthroug
     initial = tuple(_nonzero(row) for row in state)
     views = []
     for t in range(s.num_steps):
-        payload = {
-            (r, op.peer, op.start): state[r][_i(cuts, op.start) : _i(cuts, op.stop)]
-            for r in range(s.world_size)
-            for op in s.steps[r][t]
-            if op.kind is OpKind.SEND
-        }
-        for r in range(s.world_size):
-            for op in s.steps[r][t]:
-                if op.kind is not OpKind.SEND:
-                    lo = _i(cuts, op.start)
-                    for j, incoming in enumerate(payload[(op.peer, r, op.start)]):
-                        c = lo + j
-                        was = state[r][c] and state[r][c] == target[r].get(c)
-                        state[r][c] = incoming if op.kind is OpKind.RECV else state[r][c] | incoming
-                        done[r] += int(state[r][c] == target[r].get(c)) - int(bool(was))
+        _play_step(s, t, cuts, state, target, done)
         views.append(StepView(t, {r: _nonzero(state[r]) for r in sorted(tracked)}, min(done), max(done)))
     return Walkthrough(s, itemsize, tuple(cuts), initial, tuple(views), root)
+
+
+def _play_step(
+    s: Schedule,
+    t: int,
+    cuts: list[int],
+    state: list[list[int]],
+    target: list[dict[int, int]],
+    done: list[int],
+) -> None:
+    """Apply step t to `state` (contributor masks per rank and chunk), counting complete chunks in `done`."""
+    payload = {
+        (r, op.peer, op.start): state[r][_i(cuts, op.start) : _i(cuts, op.stop)]
+        for r in range(s.world_size)
+        for op in s.steps[r][t]
+        if op.kind is OpKind.SEND
+    }
+    for r in range(s.world_size):
+        for op in s.steps[r][t]:
+            if op.kind is OpKind.SEND:
+                continue
+            lo = _i(cuts, op.start)
+            for j, incoming in enumerate(payload[(op.peer, r, op.start)]):
+                c = lo + j
+                was = bool(state[r][c]) and state[r][c] == target[r].get(c)
+                state[r][c] = incoming if op.kind is OpKind.RECV else state[r][c] | incoming
+                done[r] += int(state[r][c] == target[r].get(c)) - int(was)
 
 
 def _target(cuts: list[int], want: list[tuple[int, int, int]]) -> dict[int, int]:
