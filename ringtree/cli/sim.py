@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import print_table, write_json
+from ringtree.cli.output import check_output, print_table, write_json
 from ringtree.units import format_size, parse_size
 
 SWEEPS = ("sizes", "nodes")
@@ -61,9 +61,8 @@ def sim(
                 f"(at most {REPLAY_MAX_RANKS}); use --method auto or closed-form instead"
             )
         path = _plot_path(sweep, plot)
-        for option, given in (("--json", json_path), ("--plot", path)):
-            if given is not None and given.is_dir():
-                raise ValueError(f"{option} {given} is a folder; name a file in it instead")
+        check_output(json_path, "--json")
+        check_output(path, "--plot")
         rows = [
             _row(allreduce_time(a, base.with_nodes(n), size, method), base.with_nodes(n), size)
             for n, size in points
@@ -237,8 +236,7 @@ def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
             f"(or --out {DEFAULT_CALIBRATION} to replace it)"
         )
     target = out or DEFAULT_CALIBRATION
-    if target.is_dir():
-        raise ValueError(f"--out {target} is a folder; name a file, e.g. --out {target / 'machine.json'}")
+    check_output(target, "--out")
     if any(target.resolve() == f.resolve() for f in inputs):
         raise ValueError(f"--out {target} is one of the input files; write the fit to another file")
     return target
