@@ -194,7 +194,8 @@ def test_distillation_and_pipedream_under_pp(four: tuple[list[dict[str, Any]], P
 def test_cli_trains_a_users_model_data_and_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "userwork.py").write_text(
         "import torch\nfrom torch.utils.data import TensorDataset\n\n"
-        "def model():\n    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))\n\n"
+        "from torch import nn\n\n"
+        "def model():\n    return nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 1))\n\n"
         "def data():\n    x = torch.randn(64, 8)\n    return TensorDataset(x, x.sum(1, keepdim=True))\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
