@@ -94,6 +94,7 @@ def test_library_api_trains_a_regression_on_one_process() -> None:
         "MSELoss",
     )
     assert summary["parameters"] == sum(p.numel() for p in net.parameters())
+    assert (summary["device"], summary["backend"]) == ("cpu", "gloo")
 
 
 def _dp_and_pp(rank: int) -> dict[str, Any]:
@@ -224,3 +225,36 @@ def test_cli_trains_a_users_model_data_and_loss(tmp_path: Path, monkeypatch: pyt
     assert (
         summary["accuracy"] is None and summary["parameters"] == 8 * 4 + 4 + 4 + 1 and summary["steps"] == 2
     )
+
+
+def test_device_plumbing_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--device resolves, picks the backend and refuses what cannot run, whatever this machine has."""
+    from ringtree.launch import default_backend
+    from ringtree.train.config import device_type
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_type(TrainConfig()) == "cpu" and default_backend("cpu") == "gloo"
+    with pytest.raises(ValueError, match="--device cuda needs a CUDA GPU and this machine has none"):
+        TrainConfig(device="cuda")
+    with pytest.raises(ValueError, match="--amp fp16 needs a CUDA device"):
+        TrainConfig(amp="fp16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert device_type(TrainConfig()) == "cuda" and default_backend("cuda") == "nccl"
+    assert TrainConfig(amp="fp16").amp == "fp16"  # with a GPU, fp16 and its GradScaler are allowed
+    assert device_type(TrainConfig(device="cpu")) == "cpu"
+    with pytest.raises(ValueError, match="--pp on CUDA needs the pipeline runtime"):
+        TrainConfig(pp=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+def test_trains_on_cuda_with_nccl_and_amp(amp: str) -> None:
+    net = _regressor()
+    cfg = replace(REGRESSION, device="cuda", amp=amp, prefetch=True)
+    summary = Trainer(net, _regression(), nn.MSELoss(), cfg, test_dataset=_regression(64)).fit()
+    assert (summary["device"], summary["backend"], summary["amp"]) == ("cuda", "nccl", amp)
+    assert all(p.is_cuda for p in net.parameters())
+    _, expected = _reference(REGRESSION)
+    tolerance = 1e-3 if amp == "off" else 0.2  # half precision moves the loss a little
+    assert summary["final_loss"] == pytest.approx(expected, rel=tolerance)

@@ -78,6 +78,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     from ringtree.launch import under_torchrun
     from ringtree.train import TrainConfig
     from ringtree.train.config import check_world, load_file
+    from ringtree.train.trainer import preflight
 
     given = {
         name: value
@@ -89,6 +90,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
         cfg = TrainConfig(**(from_file | given))
         if not under_torchrun():
             check_world(cfg, nproc)
+        preflight(cfg)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None
     return cfg

@@ -126,15 +126,28 @@ class Trainer:
                 dist.destroy_process_group()
 
 
+def preflight(cfg: TrainConfig) -> None:
+    """Load what the config names (a user's factories too) and check the model fits the layout:
+    ValueError here, in the launching process, instead of a traceback from every worker."""
+    make_datasets(cfg.dataset)
+    make_loss(cfg.loss)
+    _check_model(make_model(cfg.model), cfg)
+
+
 def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
     """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
     if cfg.tp > 1 and not isinstance(getattr(net, "blocks", None), nn.ModuleList):
         raise ValueError(f"--tp {cfg.tp} shards a vit's `blocks`; {type(net).__name__} has none; use --tp 1")
     if cfg.pp > 1:
         try:
-            model_layers(net)
+            layers = model_layers(net if not isinstance(net, nn.ModuleList) else nn.Sequential(*net))
         except TypeError as e:
             raise ValueError(str(e)) from None
+        if cfg.pp > len(layers):
+            raise ValueError(
+                f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
+                f"use --pp {len(layers)} or fewer"
+            )
 
 
 def _join_world(cfg: TrainConfig) -> bool:
