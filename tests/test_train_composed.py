@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -258,3 +259,24 @@ def test_trains_on_cuda_with_nccl_and_amp(amp: str) -> None:
     _, expected = _reference(REGRESSION)
     tolerance = 1e-3 if amp == "off" else 0.2  # half precision moves the loss a little
     assert summary["final_loss"] == pytest.approx(expected, rel=tolerance)
+
+
+def test_the_step_loop_reads_nothing_back_from_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ringtree's host reads (.item, .tolist, .cpu, float()) do not grow with the steps: the loop
+    never waits for the device. (torch's AdamW reads its step counter, a host tensor: not counted.)"""
+    calls = {"n": 0}
+    for name in ("item", "tolist", "cpu", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            caller = traceback.extract_stack(limit=2)[0].filename
+            calls["n"] += "ringtree" in caller and "tests" not in caller
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    reads = []
+    for epochs in (1, 3):  # 8 and 24 steps
+        calls["n"] = 0
+        Trainer(_regressor(), _regression(), nn.MSELoss(), replace(REGRESSION, epochs=epochs)).fit()
+        reads.append(calls["n"])
+    assert reads[0] == reads[1], reads

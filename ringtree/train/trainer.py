@@ -234,9 +234,9 @@ class _Run:
         self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp)
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
-        self.net.to(self.device)
-        if cfg.tp > 1:
+        if cfg.tp > 1:  # the shards are made on the host, then moved with the rest
             parallelize_blocks(self.net.blocks, self.mesh.tp_group, cfg.algorithm)  # type: ignore[arg-type]
+        self.net.to(self.device)
         self.amp = MixedPrecision(cfg.amp, self.device.type)
         teacher = None
         if cfg.teacher is not None:
