@@ -23,7 +23,8 @@ from ringtree.comm.errors import CollectiveError
 from ringtree.parallel.pipeline.stash import WeightStash
 from ringtree.schedules.pipeline import SYNCHRONOUS, Action, Kind, PipelineSchedule
 
-MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels)
+MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (last stage's output, targets) -> mean loss
 HEADER = 8  # int64 slots: ndim (or ABORT), up to 6 sizes, dtype code
 ABORT = -1
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -44,19 +45,30 @@ class ActionSpan:
 class StageRun:
     """What one run of a schedule did on this stage."""
 
-    losses: list[float] = field(default_factory=list)  # last stage: each micro-batch's loss
+    losses: list[torch.Tensor] = field(default_factory=list)  # last stage: each micro-batch's loss (0-d)
     spans: list[ActionSpan] = field(default_factory=list)
     peak_activation_bytes: int = 0  # tensors saved for backward by the micro-batches in flight
     peak_versions: int = 1  # weight versions held at once (PipeDream)
 
 
 class PipelineStage:
-    """This rank's stage of a pipeline whose stage j runs on global rank ranks[j]."""
+    """This rank's stage of a pipeline whose stage j runs on global rank ranks[j].
 
-    def __init__(self, module: nn.Module, stage: int, ranks: Sequence[int], timeout_s: float = 60.0) -> None:
+    The last stage turns its output and the micro-batch's targets into the loss with `loss_fn`.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        stage: int,
+        ranks: Sequence[int],
+        timeout_s: float = 60.0,
+        loss_fn: LossFn = F.cross_entropy,
+    ) -> None:
         if not 0 <= stage < len(ranks):
             raise ValueError(f"stage {stage} is not one of the {len(ranks)} stages of ranks {list(ranks)}")
         self.module, self.stage, self.ranks, self.timeout_s = module, stage, list(ranks), timeout_s
+        self.loss_fn = loss_fn
         self.is_first, self.is_last = stage == 0, stage == len(ranks) - 1
 
     def run(
@@ -138,8 +150,8 @@ class _Execution:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.st.module(x) if self.stash is None else self.stash.forward(i, a.version, x)
             if self.st.is_last:
-                loss = F.cross_entropy(out, self.batches[i][1])
-                self.out.losses.append(float(loss.detach()))
+                loss = self.st.loss_fn(out, self.batches[i][1])
+                self.out.losses.append(loss.detach())  # stays on the device: no host sync per micro-batch
                 out = loss * self.scale[i]
         self.out.peak_activation_bytes = max(self.out.peak_activation_bytes, sum(self.saved_bytes.values()))
         self.saved[i] = (x, out)
