@@ -239,9 +239,9 @@ class SharedResources:
             for r, first in zip(crowded, np.searchsorted(res[order], crowded), strict=True):
                 idx = order[first : first + n[r]]
                 rest = max(float(busy[r] - lo[r]), 0.0)
-                b = np.append(begin[idx], lo[r]) if rest else begin[idx]
-                w = np.append(self.seconds[idx], rest) if rest else self.seconds[idx]
-                end[idx] = np.maximum(end[idx], _processor_sharing(b, w)[: len(idx)])
+                arrive = np.append(begin[idx], lo[r]) if rest else begin[idx]
+                work = np.append(self.seconds[idx], rest) if rest else self.seconds[idx]
+                end[idx] = np.maximum(end[idx], _processor_sharing(arrive, work)[: len(idx)])
         for res in (self.out, self.into):
             np.maximum.at(busy, res, end)
         return end
@@ -265,7 +265,8 @@ def _two_jobs(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """End times of two jobs (arrival b, work w) on one equally shared server, elementwise."""
     swap = b2 < b1
-    b1, w1, b2, w2 = np.where(swap, b2, b1), np.where(swap, w2, w1), np.where(swap, b1, b2), np.where(swap, w1, w2)
+    b1, b2 = np.where(swap, b2, b1), np.where(swap, b1, b2)
+    w1, w2 = np.where(swap, w2, w1), np.where(swap, w1, w2)
     r1 = w1 - (b2 - b1)  # what the first job has left when the second arrives
     alone = r1 <= 0
     both = np.minimum(np.maximum(r1, 0.0), w2)
@@ -274,7 +275,9 @@ def _two_jobs(
     return np.where(swap, e2, e1), np.where(swap, e1, e2)
 
 
-def _processor_sharing(begin: npt.NDArray[np.float64], work: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+def _processor_sharing(
+    begin: npt.NDArray[np.float64], work: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
     """End times of jobs arriving at `begin` with `work` seconds each on one equally shared server."""
     if begin.min() == begin.max():
         order = np.argsort(work, kind="stable")
@@ -288,7 +291,8 @@ def _processor_sharing(begin: npt.NDArray[np.float64], work: npt.NDArray[np.floa
     left = work.astype(float).copy()
     out = np.full(len(work), np.inf)
     arrivals = np.argsort(begin, kind="stable")
-    now, nxt, active = float(begin[arrivals[0]]), 0, []
+    now, nxt = float(begin[arrivals[0]]), 0
+    active: list[int] = []
     while nxt < len(arrivals) or active:
         while nxt < len(arrivals) and begin[arrivals[nxt]] <= now:
             active.append(int(arrivals[nxt]))
