@@ -153,9 +153,9 @@ def _tensor_parallel(
             )
         layers, hidden, seq = dims
         tshape = TPShape(layers, hidden, seq, config.batch_size, DTYPE_BYTES[config.grad_dtype])
-        inside = predict_tp_step(config, tshape, cluster, tp, algorithm)
+        inside = predict_tp_step(config, tshape, cluster, tp, algorithm).as_dict()
         across = (
-            predict_tp_step(config, tshape, cluster, tp, algorithm, spread=True)
+            predict_tp_step(config, tshape, cluster, tp, algorithm, spread=True).as_dict()
             if cluster.nodes >= tp
             else None
         )
@@ -165,7 +165,7 @@ def _tensor_parallel(
         if row is not None:
             console.print(
                 f"tensor parallel tp={tp}, {where} ({row['tp_link']}): step {row['step_time_s']:.4f} s, TP "
-                f"all-reduces {row['tp_comm_time_s']:.4f} s, {row['samples_per_s']:.1f} samples/s",
+                f"all-reduces {row['tp_comm_s']:.4f} s, {row['samples_per_s']:.1f} samples/s",
                 highlight=False,
             )
     return {"inside_node": inside, "across_nodes": across}
