@@ -75,6 +75,27 @@ class StepConfig:
     def buckets(self) -> list[int]:
         return buckets(self.grad_bytes, self.itemsize, self.bucket_mb)
 
+    @classmethod
+    def from_summary(cls, summary: dict[str, Any]) -> StepConfig:
+        """The step of a finished `ringtree train --json` run: its measured compute time (step time
+        less exposed communication, per micro-step) and its gradient settings."""
+        try:
+            accumulate = int(summary.get("accumulate") or 1)
+            compute = float(summary["step_time_s"]) - float(summary.get("exposed_comm_time_s") or 0.0)
+            return cls(
+                params=int(summary["parameters"]),
+                compute_time_s=max(0.0, compute) / accumulate,
+                compression=summary.get("compression"),
+                overlap=bool(summary.get("overlap", False)),
+                bucket_mb=float(summary.get("bucket_mb") or 25.0),
+                accumulate=accumulate,
+                batch_size=int(summary.get("batch_size") or 1),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(
+                f"not a `ringtree train --json` summary: missing or bad {e}; pass the file that command wrote"
+            ) from None
+
     def work(self, ranks: int) -> StepWork:
         """Pure data parallelism over `ranks` devices: the whole model on each."""
         c = self.compute_time_s
@@ -137,6 +158,7 @@ class StepWork:
     activation_bytes: int = 0
     flops: float = 0.0  # model FLOPs per step, all devices (for MFU)
     peak_flops: float = 0.0  # one device's peak FLOP/s
+    optimizer_s: float = 0.0  # the optimizer step, once per step after the gradients are reduced
 
 
 @dataclass(frozen=True)
@@ -266,16 +288,17 @@ def predict(
         step = max(makespan, end)
     else:
         step = makespan + sum(times)
+    step += work.optimizer_s
     peak = work.peak_flops * cluster.ranks
     return StepPrediction(
         algorithm,
         cluster.ranks,
         cluster.nodes,
         step,
-        m * (work.forward_s + work.backward_s),
+        m * (work.forward_s + work.backward_s) + work.optimizer_s,
         m * (work.tp_forward + work.tp_backward) * one_tp,
         makespan - busy,
-        step - makespan,
+        step - makespan - work.optimizer_s,
         sum(times),
         work.samples / step if step else 0.0,
         dp,
