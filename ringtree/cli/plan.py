@@ -74,7 +74,7 @@ def plan(
     from ringtree.sim.plan import StepConfig
     from ringtree.sim.transformer import MODELS as TRANSFORMERS
 
-    links = _Links(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
+    links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(x is not None for x in (layers, hidden, heads, seq, vocab, global_batch))
     if from_run is not None:
         return _from_run(from_run, links, algorithm, json_path)
@@ -122,7 +122,7 @@ def plan(
 
 
 @dataclass(frozen=True)
-class _Links:
+class ClusterOptions:
     """The cluster options of the command line, resolved on demand (a preset, links, a calibration)."""
 
     nodes: int
@@ -328,7 +328,7 @@ def _explain(result: dict[str, Any], config: Any, cluster: Any, calibration: Pat
     result["explain"] = {k: v for k, v in why.items() if k != "lines"} | {"lines": why["lines"] + derivation}
 
 
-def _from_run(path: Path, links: _Links, algorithm: str, json_path: Path | None) -> None:
+def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path | None) -> None:
     """A finished one-node run's measured compute time, scaled to --nodes x --gpus-per-node."""
     import json
 
@@ -394,7 +394,7 @@ def _transformer(
     overlap: bool,
     bucket_mb: float,
     schedule: str,
-    links: _Links,
+    links: ClusterOptions,
     algorithm: str,
     search: bool,
     json_path: Path | None,
@@ -413,7 +413,7 @@ def _transformer(
         shape = _shape(model, dims)
         if global_batch is None:
             raise ValueError("the transformer model needs --global-batch (sequences per optimizer step)")
-        cluster, gpu = links.cluster(), links.gpu()
+        gpu, cluster = links.gpu(), links.cluster()
         chosen = "ring" if algorithm == "auto" else algorithm
         if search:
             rows = tf.search(shape, global_batch, cluster, gpu, dtype, algorithm=chosen)
