@@ -27,7 +27,11 @@ MEGATRON = [
 ]
 # Sergeev and Del Balso 2018 (Horovod), figure 6: 512 Pascal GPUs, 4 per server, 25 Gbit/s RoCE.
 # (model, parameters, images/s of one P100 at batch 64 from tf_cnn_benchmarks, published efficiency)
-HOROVOD = [("inception-v3", 23.8e6, 142, 0.90), ("resnet-101", 44.5e6, 115, 0.90), ("vgg-16", 138e6, 154, 0.68)]
+HOROVOD = [
+    ("inception-v3", 23.8e6, 142, 0.90),
+    ("resnet-101", 44.5e6, 115, 0.90),
+    ("vgg-16", 138e6, 154, 0.68),
+]
 
 
 def megatron() -> list[tuple[str, float, float]]:
@@ -42,7 +46,13 @@ def megatron() -> list[tuple[str, float, float]]:
         ]
         best = min(rows, key=lambda r: r.step_s)
         b = best.details["training"]["micro_batch"]
-        out.append((f"Megatron-LM GPT {size}B, t={t} p={p}, {n} A100s, b={b}", best.details["tflops_per_gpu"], published))
+        out.append(
+            (
+                f"Megatron-LM GPT {size}B, t={t} p={p}, {n} A100s, b={b}",
+                best.details["tflops_per_gpu"],
+                published,
+            )
+        )
     return out
 
 
@@ -54,7 +64,9 @@ def horovod() -> list[tuple[str, float, float]]:
         config = StepConfig(int(params), 64 / images_per_s, "fp32", overlap=True, bucket_mb=64, batch_size=64)
         many = predict_step(config, cluster, "ring").samples_per_s
         alone = predict_step(config, one, "ring").samples_per_s
-        out.append((f"Horovod {name}, 512 GPUs, 25 Gbit/s: scaling efficiency", many / (512 * alone), published))
+        out.append(
+            (f"Horovod {name}, 512 GPUs, 25 Gbit/s: scaling efficiency", many / (512 * alone), published)
+        )
     return out
 
 
