@@ -277,7 +277,11 @@ def predict(
     else:
         makespan = busy
     sizes = buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
-    group_dp = dp_group(cluster, tp, dp)
+    if layout.spread_tp:  # dp innermost: each DP group fills nodes by itself
+        local = min(dp, cluster.gpus_per_node)
+        group_dp = dataclasses.replace(cluster, nodes=-(-dp // local), gpus_per_node=local)
+    else:
+        group_dp = dp_group(cluster, tp, dp)
     cache: dict[int, float] = {}
     times = [cache.setdefault(n, estimate(name, group_dp, n, work.itemsize)) for n in sizes]
     if work.overlap:
