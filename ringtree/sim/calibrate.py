@@ -67,8 +67,8 @@ def fit(rows: list[dict[str, Any]]) -> Calibration:
         check_algorithm(str(r["algorithm"]))
     measured = np.array([r["time_us"] * 1e-6 for r in used])
     design = np.array([coefficients(r) for r in used]) / measured[:, None]
-    params = _nonnegative_lstsq(design, np.ones(len(used)))
-    rel = design @ params - 1.0
+    params = _refine(used, measured, _nonnegative_lstsq(design, np.ones(len(used))))
+    rel = np.array([_predict(r, params) for r in used]) / measured - 1.0
     return Calibration(
         float(params[0]),
         float(params[1]),
@@ -78,6 +78,38 @@ def fit(rows: list[dict[str, Any]]) -> Calibration:
         float(np.sqrt(np.mean(rel**2))),
         float(np.abs(rel).max()),
     )
+
+
+def _predict(row: dict[str, Any], params: np.ndarray[Any, Any]) -> float:
+    """The closed form's time for one bench row under (alpha, beta, gamma)."""
+    alpha, beta, gamma = (float(v) for v in params)
+    p, nbytes = int(row["world_size"]), int(row["bytes"])
+    link = Link("fit", alpha, 1.0 / beta if beta > 0 else _HUGE)
+    itemsize = max(1, nbytes // max(1, int(row["count"])))
+    return estimate(str(row["algorithm"]), Cluster(1, p, link, link, gamma), nbytes, itemsize)
+
+
+def _refine(
+    rows: list[dict[str, Any]], measured: np.ndarray[Any, Any], params: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """Gauss-Newton steps from the linear fit: where flows overlap only partly (trees, p not a power
+    of two) the time is piecewise linear in alpha, beta, gamma, so the unit coefficients are only a
+    first guess. Each step re-linearises at the current fit (finite differences) and solves the
+    same non-negative least squares on relative error."""
+    for _ in range(6):
+        base = np.array([_predict(r, params) for r in rows])
+        jac = np.empty((len(rows), 3))
+        for j in range(3):
+            h = max(abs(params[j]) * 1e-3, (1e-9, 1e-14, 1e-15)[j])
+            bumped = params.copy()
+            bumped[j] += h
+            jac[:, j] = (np.array([_predict(r, bumped) for r in rows]) - base) / h
+        offset = base - jac @ params  # T(x') ~ offset + J x'
+        new = _nonnegative_lstsq(jac / measured[:, None], 1.0 - offset / measured)
+        if np.allclose(new, params, rtol=1e-9, atol=0.0):
+            break
+        params = new
+    return params
 
 
 def _nonnegative_lstsq(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
