@@ -186,3 +186,17 @@ def test_from_run_refuses_a_multi_node_run(tmp_path: Path) -> None:
     args = ["plan", "--from-run", str(run), "--nodes", "3", "--intra", "pcie-gen3", "--inter", "eth-10g"]
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "one-node run" in result.output
+
+
+def test_sim_takes_a_cluster_preset_and_its_overrides(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    args = ["sim", "--cluster", "p4d.24xlarge", "--nodes", "2", "--bytes", "64M", "--method", "closed-form"]
+    result = runner.invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    row = json.loads(out.read_text())[0]
+    assert (row["ranks"], row["gpus_per_node"]) == (16, 8) and "efa-100g" in result.output
+    slow = tmp_path / "slow.json"
+    assert runner.invoke(app, [*args, "--inter", "eth-10g", "--json", str(slow)]).exit_code == 0
+    assert json.loads(slow.read_text())[0]["time_s"] > 5 * row["time_s"]
+    bad = runner.invoke(app, ["sim", "--cluster", "dgx-a1000"])
+    assert bad.exit_code == 2 and "p5.48xlarge" in bad.output
