@@ -200,3 +200,20 @@ def test_sim_takes_a_cluster_preset_and_its_overrides(tmp_path: Path) -> None:
     assert json.loads(slow.read_text())[0]["time_s"] > 5 * row["time_s"]
     bad = runner.invoke(app, ["sim", "--cluster", "dgx-a1000"])
     assert bad.exit_code == 2 and "p5.48xlarge" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--model", "gpt-1.3b", "--global-batch", "8", "--cluster", "dgx-a100", "--compute-time", "1"],
+         "--compute-time"),
+        (["--model", "gpt-1.3b", "--global-batch", "8", "--cluster", "dgx-a100", "--search", "--tp", "2"],
+         "--tp"),
+        (["--model", "gpt-1.3b", "--global-batch", "8", "--cluster", "dgx-a100", "--batch-size", "4"],
+         "--batch-size"),
+        (["--from-run", "run.json", "--model", "vit-base", "--intra", "pcie-gen3"], "--model"),
+    ],
+)  # fmt: skip
+def test_options_that_would_be_ignored_are_refused(args: list[str], words: str) -> None:
+    result = runner.invoke(app, ["plan", *args])
+    assert result.exit_code == 2 and words in " ".join(result.output.replace("│", " ").split()), result.output

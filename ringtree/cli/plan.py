@@ -58,10 +58,10 @@ def plan(
     seq: int | None = typer.Option(None, help="Transformer model: sequence length."),
     vocab: int | None = typer.Option(None, help="Transformer model: vocabulary size."),
     global_batch: int | None = typer.Option(None, help="Transformer model: sequences per optimizer step."),
-    micro_batch: int = typer.Option(1, help="Transformer model: sequences per micro-batch."),
+    micro_batch: int | None = typer.Option(None, help="Transformer model: sequences per micro-batch (1)."),
     dtype: str = typer.Option("bf16", help="Transformer model: fp16 or bf16."),
-    recompute: str = typer.Option(
-        "none", help="Transformer model: activation recompute none|selective|full."
+    recompute: str | None = typer.Option(
+        None, help="Transformer model: activation recompute none (default)|selective|full."
     ),
     search: bool = typer.Option(False, help="Rank every TP x PP x DP x micro-batch that fits in memory."),
     from_run: Path | None = typer.Option(None, help="A `ringtree train --json` summary of a one-node run."),
@@ -76,15 +76,27 @@ def plan(
 
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(x is not None for x in (layers, hidden, heads, seq, vocab, global_batch))
+    transformer_only = shape_given or search or micro_batch is not None or recompute is not None
     if from_run is not None:
+        given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time}
+        _refuse(
+            [k for k, v in given.items() if v is not None] + (["--search"] if search else []), "--from-run"
+        )
         return _from_run(from_run, links, algorithm, json_path)
-    transformer = model in TRANSFORMERS or model == "transformer" or shape_given or search
-    if compute_time is None and not measure and transformer:
+    transformer = model in TRANSFORMERS or model == "transformer" or transformer_only
+    if transformer and (compute_time is not None or measure):
+        _refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
+    if transformer:
         dims = (layers, hidden, heads, seq, vocab)
-        legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot}
+        legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot,
+                  "--shape": shape, "--accumulate": None if accumulate == 1 else accumulate,
+                  "--batch-size": None if batch_size == 32 else batch_size,
+                  "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype}  # fmt: skip
+        if search and (tp > 1 or pp > 1 or micro_batch is not None):
+            _refuse(["--tp", "--pp", "--micro-batch"], "--search (it chooses them)")
         return _transformer(
-            model, dims, global_batch, micro_batch, tp, pp, dtype, recompute, overlap, bucket_mb, schedule,
-            links, algorithm, search, json_path, legacy,
+            model, dims, global_batch, micro_batch or 1, tp, pp, dtype, recompute, overlap, bucket_mb,
+            schedule, links, algorithm, search, json_path, legacy,
         )  # fmt: skip
     try:
         count = _param_count(model, params, module)
@@ -316,6 +328,12 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
+def _refuse(options: list[str], what: str) -> None:
+    """Exit 2 naming options that would be ignored."""
+    if options:
+        raise typer.BadParameter(f"{', '.join(options)} do not apply with {what}: drop them")
+
+
 def _explain(result: dict[str, Any], config: Any, cluster: Any, calibration: Path | None) -> None:
     """Why: the bound per link level, the bottleneck, the network for 90% efficiency, an error bar;
     with the seed's own arithmetic beside the plan's."""
@@ -390,7 +408,7 @@ def _transformer(
     tp: int,
     pp: int,
     dtype: str,
-    recompute: str,
+    recompute: str | None,
     overlap: bool,
     bucket_mb: float,
     schedule: str,
@@ -416,7 +434,12 @@ def _transformer(
         gpu, cluster = links.gpu(), links.cluster()
         chosen = "ring" if algorithm == "auto" else algorithm
         if search:
-            rows = tf.search(shape, global_batch, cluster, gpu, dtype, algorithm=chosen)
+            modes = tf.RECOMPUTE if recompute is None else (recompute,)
+            if recompute is not None and recompute not in tf.RECOMPUTE:
+                raise ValueError(
+                    f"unknown --recompute {recompute!r}; choose one of {', '.join(tf.RECOMPUTE)}"
+                )
+            rows = tf.search(shape, global_batch, cluster, gpu, dtype, modes, chosen)
             if not rows:
                 raise ValueError(
                     f"no TP x PP x DP x micro-batch of this model fits {cluster.ranks} x {gpu.name}: "
@@ -424,7 +447,7 @@ def _transformer(
                 )
         else:
             run = tf.Training(
-                global_batch, micro_batch, tp, pp, dtype, recompute, overlap, bucket_mb, schedule
+                global_batch, micro_batch, tp, pp, dtype, recompute or "none", overlap, bucket_mb, schedule
             )
             rows = [tf.plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:
