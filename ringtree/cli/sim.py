@@ -25,11 +25,14 @@ from ringtree.cli import plan as _plan  # noqa: E402, F401  (registers `ringtree
 def sim(
     algorithm: str = typer.Option("ring", help="All-reduce algorithm(s), comma-separated, or 'all'."),
     nodes: int = typer.Option(1, help="Nodes (the largest count with --sweep nodes)."),
-    gpus_per_node: int = typer.Option(8, help="Devices per node."),
+    gpus_per_node: int | None = typer.Option(None, help="Devices per node (default 8, or the --cluster's)."),
     intra: str | None = typer.Option(None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'."),
     inter: str | None = typer.Option(None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'."),
     nics_per_node: int | None = typer.Option(
         None, help="NICs per node; device j uses NIC j mod this (default 1, or the calibration's)."
+    ),
+    cluster_name: str | None = typer.Option(
+        None, "--cluster", help="A cluster preset (dgx-a100, p4d.24xlarge, eth-10g, ...); links override it."
     ),
     nbytes: str = typer.Option("64M", "--bytes", help="All-reduce size, e.g. 8, 4K, 64M."),
     method: str = typer.Option("auto", help="closed-form, replay, or auto (replay up to 64 ranks)."),
@@ -49,15 +52,16 @@ def sim(
     `native` on a GPU cluster (NVLink or PCIe intra link, or an nccl-tests calibration) is NCCL:
     the table shows the algorithm and protocol NCCL's cost model picks, and where the pick changes.
     """
-    from ringtree.sim import ALGORITHMS, allreduce_time, make_cluster
+    from ringtree.sim import ALGORITHMS, allreduce_time
 
     try:
         algorithms = list(ALGORITHMS) if algorithm == "all" else [a.strip() for a in algorithm.split(",")]
-        base = make_cluster(nodes, gpus_per_node, intra, inter, calibration, nics_per_node)
+        base = _cluster(cluster_name, nodes, gpus_per_node, intra, inter, calibration, nics_per_node)
         points = _points(sweep, nodes, parse_size(nbytes), parse_size(min_bytes), parse_size(max_bytes))
-        if method == "replay" and max(n for n, _ in points) * gpus_per_node > REPLAY_MAX_RANKS:
+        ranks = max(n for n, _ in points) * base.gpus_per_node
+        if method == "replay" and ranks > REPLAY_MAX_RANKS:
             raise ValueError(
-                f"--method replay of {max(n for n, _ in points) * gpus_per_node} ranks would take minutes "
+                f"--method replay of {ranks} ranks would take minutes "
                 f"(at most {REPLAY_MAX_RANKS}); use --method auto or closed-form instead"
             )
         path = _plot_path(sweep, plot)
@@ -94,6 +98,21 @@ def _plot_path(sweep: str | None, plot: Path | None) -> Path | None:
             f"(or --plot {DEFAULT_PLOT} to replace it)"
         )
     return plot or DEFAULT_PLOT
+
+
+def _cluster(
+    name: str | None,
+    nodes: int,
+    gpus_per_node: int | None,
+    intra: str | None,
+    inter: str | None,
+    calibration: Path | None,
+    nics_per_node: int | None,
+) -> Any:
+    """The plain links of the options, or a --cluster preset with the links the options name."""
+    from ringtree.cli.plan import ClusterOptions
+
+    return ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, name, calibration).cluster()
 
 
 def _points(sweep: str | None, nodes: int, nbytes: int, lo: int, hi: int) -> list[tuple[int, int]]:
