@@ -25,6 +25,8 @@ ROW_KEYS = (
     "dtype",
     "op",
     "world_size",
+    "nodes",
+    "ranks_per_node",
     "time_us",
     "algbw_gbps",
     "busbw_gbps",
@@ -86,6 +88,8 @@ class Row:
     dtype: str
     op: str
     world_size: int
+    nodes: int  # the node shape, from torchrun's LOCAL_WORLD_SIZE (spawn: --local-size)
+    ranks_per_node: int
     time_us: float
     algbw_gbps: float
     busbw_gbps: float
@@ -149,6 +153,7 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
     """
     dtype = torch_dtype(cfg.dtype)
     p = dist.get_world_size()
+    k = int(os.environ.get("LOCAL_WORLD_SIZE", p))
     rows = []
     for count in _counts(cfg, dtype, p):
         for algorithm in cfg.algorithm_list():
@@ -164,6 +169,8 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
                 cfg.dtype,
                 cfg.op,
                 p,
+                p // k,
+                k,
                 seconds * 1e6,
                 algbw,
                 algbw * busbw_factor(cfg.collective, p),
