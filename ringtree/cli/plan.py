@@ -71,7 +71,7 @@ def plan(
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
     from ringtree.sim import ALGORITHMS
-    from ringtree.sim.plan import StepConfig
+    from ringtree.sim.plan import MODELS, StepConfig
     from ringtree.sim.transformer import MODELS as TRANSFORMERS
 
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
@@ -83,8 +83,10 @@ def plan(
             [k for k, v in given.items() if v is not None] + (["--search"] if search else []), "--from-run"
         )
         return _from_run(from_run, links, algorithm, json_path)
-    transformer = model in TRANSFORMERS or model == "transformer" or transformer_only
-    if transformer and (compute_time is not None or measure):
+    dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
+    only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
+    transformer = only or (model in TRANSFORMERS and not dp_inputs)
+    if transformer and dp_inputs:
         _refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
     if transformer:
         dims = (layers, hidden, heads, seq, vocab)
