@@ -217,3 +217,24 @@ def test_sim_takes_a_cluster_preset_and_its_overrides(tmp_path: Path) -> None:
 def test_options_that_would_be_ignored_are_refused(args: list[str], words: str) -> None:
     result = runner.invoke(app, ["plan", *args])
     assert result.exit_code == 2 and words in " ".join(result.output.replace("│", " ").split()), result.output
+
+
+def test_a_preset_in_both_planners_goes_by_its_inputs() -> None:
+    dp = runner.invoke(app, ["plan", "--model", "llama-7b", "--compute-time", "1", "--intra", "nvlink-a100"])
+    assert dp.exit_code == 0 and "6740.0M params" in dp.output
+    tf = runner.invoke(app, ["plan", "--model", "llama-7b", "--global-batch", "8", "--cluster", "dgx-a100"])
+    assert tf.exit_code == 0 and "transformer" in tf.output
+
+
+def test_the_error_bar_reads_residuals_levels_or_the_overall_fit(tmp_path: Path) -> None:
+    from ringtree.sim.explain import calibration_error
+
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps({"rms_rel_error": 0.1}))
+    assert calibration_error(f) == pytest.approx(0.1)
+    levels = {"intra": {"rms_rel_error": 0.05}, "inter": {"rms_rel_error": 0.2}}
+    f.write_text(json.dumps({"rms_rel_error": 0.1, "levels": levels}))
+    assert calibration_error(f) == pytest.approx(0.2)
+    f.write_text(json.dumps({"rms_rel_error": 0.1, "residuals": [0.3, -0.4]}))
+    assert calibration_error(f) == pytest.approx((0.25 / 2) ** 0.5)
+    assert calibration_error(None) is None

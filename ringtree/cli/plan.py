@@ -71,7 +71,7 @@ def plan(
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
     from ringtree.sim import ALGORITHMS
-    from ringtree.sim.plan import StepConfig
+    from ringtree.sim.plan import MODELS, StepConfig
     from ringtree.sim.transformer import MODELS as TRANSFORMERS
 
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
@@ -83,8 +83,10 @@ def plan(
             [k for k, v in given.items() if v is not None] + (["--search"] if search else []), "--from-run"
         )
         return _from_run(from_run, links, algorithm, json_path)
-    transformer = model in TRANSFORMERS or model == "transformer" or transformer_only
-    if transformer and (compute_time is not None or measure):
+    dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
+    only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
+    transformer = only or (model in TRANSFORMERS and not dp_inputs)
+    if transformer and dp_inputs:
         _refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
     if transformer:
         dims = (layers, hidden, heads, seq, vocab)
@@ -340,7 +342,10 @@ def _explain(result: dict[str, Any], config: Any, cluster: Any, calibration: Pat
     from ringtree.sim.explain import explain, seed_derivation
 
     why = explain(config, cluster, result["algorithm"], calibration)
-    derivation = seed_derivation(config, cluster, result["algorithm"]) if cluster.nodes > 1 else []
+    # The seed's arithmetic is a flat ring through one NIC per node: shown where the plan is that.
+    flat_ring = result["algorithm"] in ("ring", "native") and cluster.nics_per_node == 1
+    shown = cluster.nodes > 1 and flat_ring
+    derivation = seed_derivation(config, cluster, result["algorithm"]) if shown else []
     for line in [*why["lines"], *derivation]:
         console.print(line, highlight=False)
     result["explain"] = {k: v for k, v in why.items() if k != "lines"} | {"lines": why["lines"] + derivation}
@@ -497,6 +502,17 @@ def _print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, sear
     best = rows[0]
     if search:
         console.print(f"{len(rows)} configurations fit; the fastest is first", highlight=False)
+    shares = ", ".join(
+        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in best.breakdown.items()
+    )
+    mem = best.memory
+    console.print(
+        f"where the time goes: {shares}; {best.details['tflops_per_gpu']:.0f} TFLOP/s per GPU counting "
+        f"recompute; memory per GPU: weights, gradients and Adam "
+        f"{mem['weights_grads_optimizer_GiB']:.1f} GiB "
+        f"+ activations {mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
+        highlight=False,
+    )
     if not best.memory["fits"]:
         console.print(
             f"warning: does not fit: {best.memory['total_GiB']:.1f} GiB per GPU "

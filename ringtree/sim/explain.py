@@ -74,8 +74,9 @@ def bandwidth_for_efficiency(
 
 
 def calibration_error(path: Path | None) -> float | None:
-    """The calibration's relative RMS residual: its `residuals` list if it has one, else its
-    `rms_rel_error`; None without a file or either key."""
+    """The calibration's relative RMS residual: its `residuals` list if it has one; else, for a
+    two-level fit, the larger of its levels' `rms_rel_error` (a multi-node plan leans on both);
+    else its `rms_rel_error`. None without a file or any of those keys."""
     if path is None:
         return None
     data = json.loads(path.read_text())
@@ -83,6 +84,9 @@ def calibration_error(path: Path | None) -> float | None:
     if isinstance(residuals, list) and residuals:
         values = [float(r["rel_error"] if isinstance(r, dict) else r) for r in residuals]
         return math.sqrt(sum(v * v for v in values) / len(values))
+    levels = data.get("levels")
+    if isinstance(levels, dict) and levels:
+        return max(float(v["rms_rel_error"]) for v in levels.values())
     rms = data.get("rms_rel_error")
     return float(rms) if rms is not None else None
 

@@ -282,8 +282,8 @@ def predict(
         group_dp = dataclasses.replace(cluster, nodes=-(-dp // local), gpus_per_node=local)
     else:
         group_dp = dp_group(cluster, tp, dp)
-    cache: dict[int, float] = {}
-    times = [cache.setdefault(n, estimate(name, group_dp, n, work.itemsize)) for n in sizes]
+    cache = {n: estimate(name, group_dp, n, work.itemsize) for n in set(sizes)}
+    times = [cache[n] for n in sizes]
     if work.overlap:
         end, produced = 0.0, 0
         for size, seconds in zip(sizes, times, strict=True):
