@@ -11,6 +11,7 @@ fills the fields first; any flag given on the command line overrides the file.
 from __future__ import annotations
 
 import inspect
+import os
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -88,8 +89,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     try:
         from_file = load_file(config_file) if config_file is not None else {}
         cfg = TrainConfig(**(from_file | given))
-        if not under_torchrun():
-            check_world(cfg, nproc)
+        check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
         preflight(cfg)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None

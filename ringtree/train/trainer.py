@@ -38,6 +38,7 @@ from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, tensor_parallel
 from ringtree.train.config import TrainConfig, check_world, device_type
+from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.metrics import Meter
 from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
@@ -553,13 +554,13 @@ class _Run:
         model = tensor_parallel.model_state(self.net, self.t.names["model"])  # dense: resumes at any --tp
         optimizer = tensor_parallel.optimizer_state(self.net, self.optimizer, self._owned())
         if self.pipe is not None:
-            optimizer = _union_over(optimizer, self.mesh.pp_group, cfg.pp)
+            optimizer = tensor_parallel.union_over(optimizer, self.mesh.pp_group, cfg.pp)
         if self.rank == 0:
             state = {
                 "step": self.step,
                 "model_name": self.t.names["model"],
                 "model": {k: v.cpu() for k, v in model.items()},
-                "optimizer": _to_cpu(optimizer),
+                "optimizer": tensor_parallel.to_cpu(optimizer),
             }
             checkpoint.save(cfg.checkpoint_dir, state)
         dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
@@ -666,47 +667,3 @@ def _all_finite(net: nn.Module) -> bool:
     from ringtree.train.techniques.amp import all_finite
 
     return all_finite(net.parameters())
-
-
-def _union_over(state: dict[str, Any], group: dist.ProcessGroup, size: int) -> dict[str, Any]:
-    """An optimizer state_dict whose per-parameter state is the union of every stage's."""
-    states: list[Any] = [None] * size
-    dist.all_gather_object(states, _to_cpu(state), group=group)
-    merged: dict[Any, Any] = {}
-    for s in states:
-        merged |= s["state"]
-    return {**state, "state": merged}
-
-
-def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
-    per = {
-        i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-        for i, s in state["state"].items()
-    }
-    return {**state, "state": per}
-
-
-@torch.no_grad()
-def evaluate(
-    net: nn.Module, test_set: Dataset[Any] | None, loss_fn: LossFn, device: torch.device, batch: int = 512
-) -> tuple[float | None, float | None]:
-    """(accuracy as a fraction of 1, or None for non-class targets; mean loss) on the test split."""
-    if test_set is None:
-        return None, None
-    net.eval()
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device)
-    n, classes = 0, True
-    for x, y in DataLoader(test_set, batch_size=batch):
-        out = net(x.to(device)).float()
-        y = y.to(device)
-        loss_sum += loss_fn(out, y).float() * len(y)
-        n += len(y)
-        if out.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
-            correct += (out.argmax(dim=1) == y).sum()
-        else:
-            classes = False
-    net.train()
-    if not n:
-        return None, None
-    return (float(correct) / n if classes else None), float(loss_sum) / n
