@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.launch import spawn
-from ringtree.train import RankResult, TrainConfig, Trainer, checkpoint
+from ringtree.train import RankResult, TrainConfig, Trainer
 from ringtree.train.data import digits
 from ringtree.train.models import ViT, build_model
 from ringtree.train.summary import METRIC_KEYS
@@ -94,26 +93,6 @@ def test_vit_patches_follow_the_image_layout() -> None:
     img = torch.arange(64.0).view(1, 64)
     first_patch = vit.tokens(img)[0, 1, :4]
     assert first_patch.tolist() == [0.0, 1.0, 8.0, 9.0]  # the top-left 2x2 square
-
-
-def test_checkpoint_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    checkpoint.save(tmp_path, {"step": 1, "w": torch.ones(2)})
-
-    def crash(*args: object, **kwargs: object) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
-        checkpoint.save(tmp_path, {"step": 2, "w": torch.zeros(2)})
-    state = checkpoint.load(tmp_path)
-    assert state is not None and state["step"] == 1 and os.listdir(tmp_path) == ["last.pt"]
-
-
-def test_checkpoint_loads_weights_only(tmp_path: Path) -> None:
-    assert checkpoint.load(tmp_path) is None
-    torch.save({"step": 3, "evil": Path("x")}, tmp_path / "last.pt")
-    with pytest.raises(Exception, match=r"[Ww]eights only"):
-        checkpoint.load(tmp_path)
 
 
 def run_world(rank: int, ck: str) -> dict[str, Any]:

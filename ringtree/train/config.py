@@ -242,11 +242,6 @@ def _check_device(cfg: TrainConfig) -> None:
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda needs a CUDA GPU and this machine has none; use --device cpu or auto")
-    if cfg.pp > 1 and device_type(cfg) == "cuda":
-        raise ValueError(
-            "--pp on CUDA needs the pipeline runtime to keep its point-to-point buffers on the GPU, "
-            "which it does not yet; use --device cpu with --pp, or --tp and DP on CUDA"
-        )
     if cfg.amp == "fp16" and device_type(cfg) != "cuda":
         raise ValueError(
             "--amp fp16 needs a CUDA device (its loss scaling, GradScaler, is for CUDA) and this run is "
