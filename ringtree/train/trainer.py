@@ -293,7 +293,9 @@ class _Run:
         if any(p.requires_grad for p in body.parameters()):
             ddp = self._ddp(body, bool(cfg.get("overlap")) and schedule in SYNCHRONOUS)
         stage = Stage(ddp if ddp is not None else body, self.amp.autocast)
-        runner = PipelineStage(stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss)
+        runner = PipelineStage(
+            stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss, device=self.device
+        )
         self.pipe = _Pipeline(stages, stage, runner, ddp, schedule)
         return segments
 
@@ -530,7 +532,7 @@ class _Run:
         cfg = self.cfg
         if not cfg.resume or cfg.checkpoint_dir is None:
             return None
-        state = checkpoint.load(cfg.checkpoint_dir)
+        state = checkpoint.load(cfg.checkpoint_dir, report=print if self.rank == 0 else None)
         if state is None:
             if self.rank == 0:
                 print(f"# no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0")
