@@ -21,7 +21,7 @@ import typer
 from typer.core import TyperCommand
 
 from ringtree.cli.app import app
-from ringtree.cli.output import print_environment, print_table, write_json
+from ringtree.cli.output import check_output, print_environment, print_table, write_json
 
 if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` starts fast
     from ringtree.train import RankResult, TrainConfig
@@ -65,6 +65,8 @@ def train(ctx: typer.Context, **options: Any) -> None:
 
     nproc, trace, json_path = options.pop("nproc"), options.pop("trace"), options.pop("json_path")
     calibration, config_file = options.pop("calibration"), options.pop("config")
+    check_output(json_path, "--json")
+    check_output(trace, "--trace")
     cfg = _config(ctx, options, config_file, nproc)
     results = _run(cfg, nproc, trace is not None)
     if results is None:
