@@ -18,7 +18,6 @@ import math
 import os
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from ringtree.train import checkpoint, tensor_parallel
 from ringtree.train.config import TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
+from ringtree.train.loss import TrainingLoss
 from ringtree.train.metrics import Meter
 from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
 from ringtree.train.progress import ProgressBar
@@ -47,7 +47,6 @@ from ringtree.train.stages import model_layers
 from ringtree.train.summary import build_summary
 from ringtree.train.techniques import MixedPrecision, PrefetchLoader, ShardedStream, load_teacher
 from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
-from ringtree.train.techniques.distill import soft_loss
 from ringtree.train.trace import Event, Recorder
 
 Batch = Sequence[torch.Tensor]  # (inputs, targets)
@@ -174,40 +173,6 @@ def _device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-class _Loss:
-    """loss_fn on the last stage (distillation's soft term added with a teacher), sums kept on device."""
-
-    def __init__(self, fn: LossFn, cfg: TrainConfig, teacher: nn.Module | None, amp: MixedPrecision) -> None:
-        self.fn, self.cfg, self.teacher, self.amp = fn, cfg, teacher, amp
-        self.soft: deque[torch.Tensor] = deque()  # teacher logits of the micro-batches to come, in order
-        self.weight = 1.0  # 1 / accumulated pipeline runs
-        self.total: torch.Tensor | None = None  # sum of per-sample losses since reset()
-        self.count = 0
-
-    def reset(self) -> None:
-        self.total, self.count = None, 0
-
-    def prepare(self, inputs: Iterable[torch.Tensor]) -> None:
-        """Queue the teacher's outputs for these micro-batches (the loss has only the outputs)."""
-        if self.teacher is None:
-            return
-        with torch.no_grad(), self.amp.autocast():
-            self.soft.extend(self.teacher(x).float() for x in inputs)
-
-    def __call__(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        out = out.float()
-        loss = self.fn(out, target)
-        if self.teacher is not None:
-            alpha = self.cfg.get("distill_alpha")
-            soft = soft_loss(out, self.soft.popleft(), self.cfg.get("distill_temperature"))
-            loss = alpha * soft + (1 - alpha) * loss
-        weighted = loss.detach() * len(target)
-        self.total = weighted if self.total is None else self.total + weighted
-        self.count += len(target)
-        scaled = loss if self.amp.scaler is None else self.amp.scaler.scale(loss)
-        return scaled * self.weight
-
-
 @dataclass
 class _Pipeline:
     """This rank's pipeline: all stages (sharing the model's parameters), its own, the runtime."""
@@ -242,7 +207,7 @@ class _Run:
         teacher = None
         if cfg.teacher is not None:
             teacher = load_teacher(cfg.teacher, make_model)[0].to(self.device)
-        self.loss = _Loss(trainer.loss_fn, cfg, teacher, self.amp)
+        self.loss = TrainingLoss(trainer.loss_fn, cfg, teacher, self.amp)
         self.recorder = Recorder(self.rank, enabled=trainer.trace)
         self.meter = Meter()
         self.model: DistributedDataParallel | MasterDataParallel | None = None
