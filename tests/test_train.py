@@ -182,6 +182,7 @@ def test_cli_reads_a_config_file_that_flags_override(tmp_path: Path) -> None:
         (["--nproc", "3", "--pp", "2"], "does not divide the 3 ranks"),
         (["--device", "cuda"], "--device cuda needs a CUDA GPU"),
         (["--config", "/nonexistent.yaml"], "cannot read --config /nonexistent.yaml"),
+        (["--json", "/tmp"], "--json /tmp is a folder"),
         (["--nproc", "8", "--pp", "8"], "--pp 8 is more stages than the 5 layers of the model"),
         (["--model", "nowhere.at.all:make"], "--model 'nowhere.at.all:make': cannot load it"),
         (["--dataset", "ringtree.train.models:MLP"], "the factory returned MLP, not a Dataset"),

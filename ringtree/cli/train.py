@@ -11,6 +11,7 @@ fills the fields first; any flag given on the command line overrides the file.
 from __future__ import annotations
 
 import inspect
+import os
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -20,7 +21,7 @@ import typer
 from typer.core import TyperCommand
 
 from ringtree.cli.app import app
-from ringtree.cli.output import print_environment, print_table, write_json
+from ringtree.cli.output import check_output, print_environment, print_table, write_json
 
 if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` starts fast
     from ringtree.train import RankResult, TrainConfig
@@ -64,6 +65,8 @@ def train(ctx: typer.Context, **options: Any) -> None:
 
     nproc, trace, json_path = options.pop("nproc"), options.pop("trace"), options.pop("json_path")
     calibration, config_file = options.pop("calibration"), options.pop("config")
+    check_output(json_path, "--json")
+    check_output(trace, "--trace")
     cfg = _config(ctx, options, config_file, nproc)
     results = _run(cfg, nproc, trace is not None)
     if results is None:
@@ -88,8 +91,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     try:
         from_file = load_file(config_file) if config_file is not None else {}
         cfg = TrainConfig(**(from_file | given))
-        if not under_torchrun():
-            check_world(cfg, nproc)
+        check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
         preflight(cfg)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None

@@ -1,4 +1,4 @@
-"""Checkpoints of a tensor-parallel model: saved dense (gathered from the shards), loaded as shards."""
+"""Checkpoints of a sharded model: saved dense (gathered from TP shards and stages), loaded as shards."""
 
 from __future__ import annotations
 
@@ -55,3 +55,22 @@ def load(net: nn.Module, optimizer: torch.optim.Optimizer, name: str, state: dic
     copy_from_dense(net, dense)
     optimizer.load_state_dict(shard_optimizer_state(net, state["optimizer"]))
     dist.barrier()
+
+
+def union_over(state: dict[str, Any], group: dist.ProcessGroup, size: int) -> dict[str, Any]:
+    """An optimizer state_dict whose per-parameter state is the union of every stage's."""
+    states: list[Any] = [None] * size
+    dist.all_gather_object(states, to_cpu(state), group=group)
+    merged: dict[Any, Any] = {}
+    for s in states:
+        merged |= s["state"]
+    return {**state, "state": merged}
+
+
+def to_cpu(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state_dict with its per-parameter tensors on the host (for saving, gathering)."""
+    per = {
+        i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for i, s in state["state"].items()
+    }
+    return {**state, "state": per}

@@ -18,7 +18,6 @@ import math
 import os
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -38,7 +37,9 @@ from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, tensor_parallel
 from ringtree.train.config import TrainConfig, check_world, device_type
+from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
+from ringtree.train.loss import TrainingLoss
 from ringtree.train.metrics import Meter
 from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
 from ringtree.train.progress import ProgressBar
@@ -46,7 +47,6 @@ from ringtree.train.stages import model_layers
 from ringtree.train.summary import build_summary
 from ringtree.train.techniques import MixedPrecision, PrefetchLoader, ShardedStream, load_teacher
 from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
-from ringtree.train.techniques.distill import soft_loss
 from ringtree.train.trace import Event, Recorder
 
 Batch = Sequence[torch.Tensor]  # (inputs, targets)
@@ -173,40 +173,6 @@ def _device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-class _Loss:
-    """loss_fn on the last stage (distillation's soft term added with a teacher), sums kept on device."""
-
-    def __init__(self, fn: LossFn, cfg: TrainConfig, teacher: nn.Module | None, amp: MixedPrecision) -> None:
-        self.fn, self.cfg, self.teacher, self.amp = fn, cfg, teacher, amp
-        self.soft: deque[torch.Tensor] = deque()  # teacher logits of the micro-batches to come, in order
-        self.weight = 1.0  # 1 / accumulated pipeline runs
-        self.total: torch.Tensor | None = None  # sum of per-sample losses since reset()
-        self.count = 0
-
-    def reset(self) -> None:
-        self.total, self.count = None, 0
-
-    def prepare(self, inputs: Iterable[torch.Tensor]) -> None:
-        """Queue the teacher's outputs for these micro-batches (the loss has only the outputs)."""
-        if self.teacher is None:
-            return
-        with torch.no_grad(), self.amp.autocast():
-            self.soft.extend(self.teacher(x).float() for x in inputs)
-
-    def __call__(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        out = out.float()
-        loss = self.fn(out, target)
-        if self.teacher is not None:
-            alpha = self.cfg.get("distill_alpha")
-            soft = soft_loss(out, self.soft.popleft(), self.cfg.get("distill_temperature"))
-            loss = alpha * soft + (1 - alpha) * loss
-        weighted = loss.detach() * len(target)
-        self.total = weighted if self.total is None else self.total + weighted
-        self.count += len(target)
-        scaled = loss if self.amp.scaler is None else self.amp.scaler.scale(loss)
-        return scaled * self.weight
-
-
 @dataclass
 class _Pipeline:
     """This rank's pipeline: all stages (sharing the model's parameters), its own, the runtime."""
@@ -241,7 +207,7 @@ class _Run:
         teacher = None
         if cfg.teacher is not None:
             teacher = load_teacher(cfg.teacher, make_model)[0].to(self.device)
-        self.loss = _Loss(trainer.loss_fn, cfg, teacher, self.amp)
+        self.loss = TrainingLoss(trainer.loss_fn, cfg, teacher, self.amp)
         self.recorder = Recorder(self.rank, enabled=trainer.trace)
         self.meter = Meter()
         self.model: DistributedDataParallel | MasterDataParallel | None = None
@@ -292,7 +258,9 @@ class _Run:
         if any(p.requires_grad for p in body.parameters()):
             ddp = self._ddp(body, bool(cfg.get("overlap")) and schedule in SYNCHRONOUS)
         stage = Stage(ddp if ddp is not None else body, self.amp.autocast)
-        runner = PipelineStage(stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss)
+        runner = PipelineStage(
+            stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss, device=self.device
+        )
         self.pipe = _Pipeline(stages, stage, runner, ddp, schedule)
         return segments
 
@@ -529,7 +497,7 @@ class _Run:
         cfg = self.cfg
         if not cfg.resume or cfg.checkpoint_dir is None:
             return None
-        state = checkpoint.load(cfg.checkpoint_dir)
+        state = checkpoint.load(cfg.checkpoint_dir, report=print if self.rank == 0 else None)
         if state is None:
             if self.rank == 0:
                 print(f"# no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0")
@@ -553,13 +521,13 @@ class _Run:
         model = tensor_parallel.model_state(self.net, self.t.names["model"])  # dense: resumes at any --tp
         optimizer = tensor_parallel.optimizer_state(self.net, self.optimizer, self._owned())
         if self.pipe is not None:
-            optimizer = _union_over(optimizer, self.mesh.pp_group, cfg.pp)
+            optimizer = tensor_parallel.union_over(optimizer, self.mesh.pp_group, cfg.pp)
         if self.rank == 0:
             state = {
                 "step": self.step,
                 "model_name": self.t.names["model"],
                 "model": {k: v.cpu() for k, v in model.items()},
-                "optimizer": _to_cpu(optimizer),
+                "optimizer": tensor_parallel.to_cpu(optimizer),
             }
             checkpoint.save(cfg.checkpoint_dir, state)
         dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
@@ -666,47 +634,3 @@ def _all_finite(net: nn.Module) -> bool:
     from ringtree.train.techniques.amp import all_finite
 
     return all_finite(net.parameters())
-
-
-def _union_over(state: dict[str, Any], group: dist.ProcessGroup, size: int) -> dict[str, Any]:
-    """An optimizer state_dict whose per-parameter state is the union of every stage's."""
-    states: list[Any] = [None] * size
-    dist.all_gather_object(states, _to_cpu(state), group=group)
-    merged: dict[Any, Any] = {}
-    for s in states:
-        merged |= s["state"]
-    return {**state, "state": merged}
-
-
-def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
-    per = {
-        i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-        for i, s in state["state"].items()
-    }
-    return {**state, "state": per}
-
-
-@torch.no_grad()
-def evaluate(
-    net: nn.Module, test_set: Dataset[Any] | None, loss_fn: LossFn, device: torch.device, batch: int = 512
-) -> tuple[float | None, float | None]:
-    """(accuracy as a fraction of 1, or None for non-class targets; mean loss) on the test split."""
-    if test_set is None:
-        return None, None
-    net.eval()
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device)
-    n, classes = 0, True
-    for x, y in DataLoader(test_set, batch_size=batch):
-        out = net(x.to(device)).float()
-        y = y.to(device)
-        loss_sum += loss_fn(out, y).float() * len(y)
-        n += len(y)
-        if out.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
-            correct += (out.argmax(dim=1) == y).sum()
-        else:
-            classes = False
-    net.train()
-    if not n:
-        return None, None
-    return (float(correct) / n if classes else None), float(loss_sum) / n
