@@ -25,6 +25,8 @@ ROW_KEYS = (
     "dtype",
     "op",
     "world_size",
+    "nodes",
+    "ranks_per_node",
     "time_us",
     "algbw_gbps",
     "busbw_gbps",
@@ -63,6 +65,7 @@ class BenchConfig:
         if self.iters < 1 or self.warmup < 0:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got {self.iters} and {self.warmup}")
         check_op(self.op, torch_dtype(self.dtype))
+        check_device(self.device)
 
     def algorithm_list(self) -> list[str]:
         return list(self.algorithms) or comm.algorithms(self.collective)
@@ -85,6 +88,8 @@ class Row:
     dtype: str
     op: str
     world_size: int
+    nodes: int  # the node shape, from torchrun's LOCAL_WORLD_SIZE (spawn: --local-size)
+    ranks_per_node: int
     time_us: float
     algbw_gbps: float
     busbw_gbps: float
@@ -92,6 +97,15 @@ class Row:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_device(device: str) -> None:
+    """cpu, or cuda[:i] on a machine that has CUDA (NCCL): refused here, not inside the workers."""
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; choose cpu (gloo) or cuda (NCCL)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device} needs a CUDA GPU and this machine has none; use --device cpu")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -139,6 +153,7 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
     """
     dtype = torch_dtype(cfg.dtype)
     p = dist.get_world_size()
+    k = int(os.environ.get("LOCAL_WORLD_SIZE", p))
     rows = []
     for count in _counts(cfg, dtype, p):
         for algorithm in cfg.algorithm_list():
@@ -154,6 +169,8 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
                 cfg.dtype,
                 cfg.op,
                 p,
+                p // k,
+                k,
                 seconds * 1e6,
                 algbw,
                 algbw * busbw_factor(cfg.collective, p),

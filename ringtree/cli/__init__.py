@@ -1,4 +1,4 @@
-"""Command-line interface: `ringtree bench | sim | plan | calibrate | train`."""
+"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | show | doctor | emulate`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import sys
 
 from ringtree.cli import (
     bench,  # noqa: F401  (registers its subcommand)
+    doctor,  # noqa: F401  (registers its subcommand)
+    emulate,  # noqa: F401  (registers its subcommand)
+    show,  # noqa: F401  (registers its subcommand)
     sim,  # noqa: F401  (registers sim, plan and calibrate)
     train,  # noqa: F401  (registers its subcommand)
 )

@@ -49,7 +49,10 @@ class StageRun:
 
 
 class PipelineStage:
-    """This rank's stage of a pipeline whose stage j runs on global rank ranks[j]."""
+    """This rank's stage of a pipeline whose stage j runs on global rank ranks[j].
+
+    The last stage turns its output and the micro-batch's targets into the loss with `loss_fn`.
+    """
 
     def __init__(
         self,

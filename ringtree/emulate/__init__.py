@@ -1,0 +1,82 @@
+"""An emulated multi-node cluster on one machine: namespaces, shaped links, one torchrun per node.
+
+A launcher-level tool beside the CLI: the job it runs (`ringtree bench`, `train`, `doctor`, ...)
+is a real multi-node torchrun job and runs unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ringtree.emulate import network
+from ringtree.emulate.cluster import ClusterSpec, run_agents
+from ringtree.emulate.network import Network, cleanup, has_net_admin, parse_rate
+
+__all__ = ["ClusterSpec", "Emulated", "cleanup", "has_net_admin", "parse_rate", "run"]
+
+
+@dataclass
+class Emulated:
+    """How an emulated run went: its exit code, the cluster's record and every node's log."""
+
+    code: int
+    record: dict[str, Any]
+    logs: list[str]
+
+
+def run(
+    spec: ClusterSpec,
+    argv: Sequence[str],
+    *,
+    measure: bool = True,
+    timeout_s: float = 3600.0,
+    stdout: IO[str] | None = None,
+) -> Emulated:
+    """Build the network, measure its links, run `python -m ringtree ARGV` on it, tear it down."""
+    out = stdout if stdout is not None else sys.stdout
+    with network.build(spec.rates()) as net:
+        record = spec.describe()
+        record["links"] = measure_links(net, spec, timeout_s) if measure and spec.nodes > 1 else []
+        record["command"] = ["ringtree", *argv]
+        print_header(record, out)
+        code, logs = run_agents(net, spec, ["-m", "ringtree", *argv], timeout_s=timeout_s, stdout=out)
+    record["exit_code"] = code
+    return Emulated(code, record, logs)
+
+
+def measure_links(net: Network, spec: ClusterSpec, timeout_s: float) -> list[dict[str, Any]]:
+    """Node 0 to every node, one rank per node: configured -> measured Gbit/s (see probe)."""
+    probe_spec = ClusterSpec(spec.nodes, 1, spec.inter_rate, spec.slow)
+    with tempfile.TemporaryDirectory(prefix="ringtree-probe-") as tmp:
+        path = Path(tmp) / "links.json"
+        rates = ",".join(str(r) for r in spec.rates())
+        target = ["-m", "ringtree.emulate.probe", str(path), rates]
+        code, logs = run_agents(net, probe_spec, target, timeout_s=min(timeout_s, 300.0))
+        if code or not path.exists():
+            raise RuntimeError(f"measuring the emulated links failed (exit {code}):\n{logs[0][-2000:]}")
+        rows: list[dict[str, Any]] = json.loads(path.read_text())
+    return rows
+
+
+def print_header(record: dict[str, Any], out: IO[str]) -> None:
+    slow = ", ".join(f"node {i} at {r}" for i, r in record["slow"].items()) or "none"
+    lines = [
+        f"# emulated cluster: {record['nodes']} nodes x {record['ranks_per_node']} ranks per node, "
+        f"inter-node links {record['inter_bw']} (tbf, burst about 1 ms), slower links: {slow}",
+        f"# cpu: {record['cpu_policy']}",
+    ]
+    for x in record["links"]:
+        lines.append(
+            f"# link node 0 <-> node {x['node']}: configured {x['configured_gbps']:.3g} Gbit/s, "
+            f"measured {x['measured_gbps']:.3g} Gbit/s, "
+            f"after a 1 s idle pause {x['after_idle_gbps']:.3g} Gbit/s, "
+            f"latency {x['latency_us']:.0f} us"
+        )
+    out.write("\n".join(lines) + "\n")
+    out.flush()

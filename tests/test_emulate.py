@@ -1,0 +1,117 @@
+"""`ringtree emulate`: a real two-node torchrun job over shaped links, cleaned up afterwards.
+
+Tests that build namespaces skip without root/CAP_NET_ADMIN; the refusal itself is tested by
+pretending the capability is missing (RINGTREE_EMULATE_NO_NET_ADMIN=1).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ringtree.cli.app import app
+from ringtree.cli.emulate import absolute_paths, parse_slow
+from ringtree.emulate import network
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_net_admin = pytest.mark.skipif(
+    not network.has_net_admin(), reason="emulate needs root or CAP_NET_ADMIN to create namespaces"
+)
+
+
+def emulate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it (a separate process: Ctrl-C and exit paths are the real ones)."""
+    command = [sys.executable, "-m", "ringtree", "emulate", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def leftovers() -> tuple[list[str], list[str]]:
+    return network.list_netns(), network.host_links()
+
+
+def test_rates_bursts_and_arguments() -> None:
+    assert network.parse_rate("100mbit") == 1e8 and network.parse_rate("10gbit") == 1e10
+    assert network.format_rate(1e9) == "1gbit" and network.format_rate(2.5e8) == "250mbit"
+    assert network.burst_bytes(1e9) == 125_000  # 1 ms of line rate
+    assert network.burst_bytes(1e6) == 2 * 1514  # but never under two full frames
+    assert parse_slow(["2:100mbit"]) == {2: 1e8}
+    assert absolute_paths(["bench", "--json", "r.json", "--plot=p.png"]) == [
+        "bench",
+        "--json",
+        str(Path("r.json").absolute()),
+        f"--plot={Path('p.png').absolute()}",
+    ]
+    with pytest.raises(ValueError, match="100mbit"):
+        network.parse_rate("fast")
+
+
+def test_without_net_admin_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGTREE_EMULATE_NO_NET_ADMIN", "1")
+    result = CliRunner().invoke(app, ["emulate", "--nodes", "2", "--", "bench"])
+    assert result.exit_code == 2 and "CAP_NET_ADMIN" in result.output
+    assert not network.has_net_admin()
+
+
+@needs_net_admin
+def test_bad_input_exits_2_before_building_anything() -> None:
+    for args, word in (
+        (["--slow", "5:1gbit", "--", "bench"], "--slow"),
+        (["--inter-bw", "fast", "--", "bench"], "100mbit"),
+        ([], "after --"),
+    ):
+        result = CliRunner().invoke(app, ["emulate", "--nodes", "2", *args])
+        assert result.exit_code == 2 and word in result.output, result.output
+    assert leftovers() == ([], [])
+
+
+@needs_net_admin
+def test_two_node_bench_brings_rows_back_and_leaves_nothing(tmp_path: Path) -> None:
+    rows_path, record_path = tmp_path / "rows.json", tmp_path / "cluster.json"
+    bench = ["bench", "--algorithms", "ring,native", "--min-bytes", "64K", "--max-bytes", "64K"]
+    bench += ["--iters", "2", "--warmup", "1", "--json", str(rows_path)]
+    done = emulate("--nodes", "2", "--inter-bw", "1gbit", "--json", str(record_path), "--", *bench)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "# emulated cluster: 2 nodes x 1 ranks per node" in done.stdout
+    assert "world_size=2" in done.stdout and "local_world_size=1" in done.stdout
+    rows = json.loads(rows_path.read_text())
+    assert {r["algorithm"] for r in rows} == {"ring", "native"}
+    assert all((r["nodes"], r["ranks_per_node"], r["wrong"]) == (2, 1, 0) for r in rows)
+    record = json.loads(record_path.read_text())
+    (link,) = record["links"]
+    assert link["configured_gbps"] == 1.0 and 0.3 < link["measured_gbps"] < 1.05  # tbf caps it
+    assert leftovers() == ([], [])
+
+
+@needs_net_admin
+def test_failing_command_and_cleanup_leave_nothing() -> None:
+    done = emulate("--nodes", "2", "--no-measure", "--", "bench", "--iters", "0")
+    assert done.returncode != 0 and "iters" in done.stdout + done.stderr
+    assert leftovers() == ([], [])
+    stray = network.build([1e8])  # as an interrupted run would leave it
+    stray.created.clear()  # forget it, so only --cleanup can remove it
+    assert (
+        network.list_netns() == [stray.nodes[0].netns, stray.bridge_netns] or len(network.list_netns()) == 2
+    )
+    done = emulate("--cleanup")
+    assert done.returncode == 0 and "removed 2" in done.stdout
+    assert leftovers() == ([], [])
+
+
+@needs_net_admin
+def test_doctor_names_the_node_behind_the_slow_link(tmp_path: Path) -> None:
+    out = tmp_path / "doctor.json"
+    done = emulate(
+        "--nodes", "3", "--inter-bw", "1gbit", "--slow", "2:100mbit", "--no-measure", "--",
+        "doctor", "--size", "256K", "--iters", "2", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr  # exit 1: a suspect was found
+    report = json.loads(out.read_text())
+    assert (report["nodes"], report["ranks_per_node"]) == (3, 1)
+    assert [(s["node"], s["kind"]) for s in report["suspects"]] == [(2, "link")]
+    assert report["suspects"][0]["measured"] < 0.2  # Gbit/s: under the 100mbit cap
+    assert leftovers() == ([], [])
