@@ -20,6 +20,19 @@ CASES: list[tuple[list[str], str]] = [
     (["bench", "--json", "{tmp}"], "is a folder; name a file inside it"),
     (["bench", "--plot", "{file}/x.png"], "is a file, not a folder"),
     (["bench", "--device", "tpu"], "unknown device 'tpu'"),
+    (["train", "--model", "vit", "--tp", "3", "--nproc", "4"], "does not divide the 4 ranks"),
+    (["train", "--pp", "10", "--nproc", "10"], "more stages than the"),
+    (["train", "--model", "vit", "--pp", "5", "--nproc", "5"], "more stages than the"),
+    (["train", "--mode", "dp", "--pp", "2"], "--mode dp steps the whole model on rank 0"),
+    (["train", "--mode", "dp-threads", "--nproc", "2"], "use --nproc 1"),
+    (["train", "--threads", "2"], "sets the devices of --mode dp-threads"),
+    (["train", "--max-restarts", "1"], "pass --checkpoint-dir DIR"),
+    (["train", "--keep-checkpoints", "3"], "needs --checkpoint-dir"),
+    (["train", "--schedule", "gpipe"], "--pp"),
+    (["train", "--distill-alpha", "0.3"], "--teacher"),
+    (["train", "--json", "{tmp}"], "is a folder"),
+    (["train", "--teacher", "{file}"], "cannot be read as a checkpoint"),
+    (["train", "--resume", "--checkpoint-dir", "{tmp}"], "no usable checkpoint"),
 ]
 if not torch.cuda.is_available():
     CASES.append((["bench", "--device", "cuda"], "needs a CUDA GPU and this machine has none"))
@@ -34,6 +47,7 @@ def _one_sentence(output: str) -> str:
 @pytest.mark.parametrize(("args", "fragment"), CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_bad_input_exits_2_with_one_sentence(tmp_path: Path, args: list[str], fragment: str) -> None:
     (tmp_path / "file").write_text("x")
+    (tmp_path / "last.pt").write_text("not a checkpoint")  # what --resume finds in {tmp}
     before = sorted(p.name for p in tmp_path.iterdir())
     filled = [a.replace("{tmp}", str(tmp_path)).replace("{file}", str(tmp_path / "file")) for a in args]
     result = CliRunner().invoke(app, filled)

@@ -92,15 +92,30 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
         from_file = load_file(config_file) if config_file is not None else {}
         cfg = TrainConfig(**(from_file | given))
         check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
+        _check_restarts(cfg)
         preflight(cfg)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from None
     return cfg
 
 
+def _check_restarts(cfg: TrainConfig) -> None:
+    """Under torchrun its agent restarts the workers: --max-restarts must be torchrun's own."""
+    from ringtree.launch import under_torchrun
+
+    agent = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    if cfg.max_restarts and under_torchrun() and agent is not None and int(agent) != cfg.max_restarts:
+        raise ValueError(
+            f"--max-restarts {cfg.max_restarts} but torchrun was started with --max-restarts {agent}: "
+            f"torchrun's agent restarts the workers, so pass --max-restarts {cfg.max_restarts} to torchrun"
+        )
+
+
 def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None:
-    """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise spawn."""
-    from ringtree.launch import default_backend, run_under_torchrun, spawn, under_torchrun
+    """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise start
+    nproc local workers under torch's elastic agent, the one torchrun runs, so that a killed worker
+    is restarted (--max-restarts) exactly as on a cluster."""
+    from ringtree.launch import default_backend, elastic_spawn, run_under_torchrun, under_torchrun
     from ringtree.train.config import device_type
 
     backend = default_backend(device_type(cfg))
@@ -109,12 +124,12 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
             _train_and_gather, (cfg, tracing), backend=backend, timeout_s=cfg.get("timeout_s")
         )
         return gathered
-    results: list[RankResult] = spawn(
+    results: list[RankResult] = elastic_spawn(
         _train_rank,
         nproc,
         (cfg, tracing),
+        max_restarts=cfg.max_restarts,
         backend=backend,
-        timeout_s=24 * 3600.0,
         collective_timeout_s=cfg.get("timeout_s"),
     )
     return results

@@ -87,6 +87,8 @@ def read(path: str | Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many kinds for a damaged or foreign file
         why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        if "weights only" in why.lower():  # torch's advice to retry unsafely is not passed on
+            why = "it is damaged or holds objects other than tensors, which a safe load refuses"
         raise CheckpointError(f"{path} cannot be read as a checkpoint ({why})") from None
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(
@@ -98,6 +100,8 @@ def read(path: str | Path) -> dict[str, Any]:
 def _candidates(folder: Path) -> list[Path]:
     """The step files, newest first (each verified against its record); last.pt only when a
     folder has none (written by an older ringtree)."""
+    if not folder.is_dir():
+        return []  # nothing saved yet (a run that died before its first checkpoint)
     steps = _steps(folder)
     if steps:
         return steps

@@ -24,7 +24,8 @@ from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
 MODELS = ("mlp", "mlp-tiny", "vit")  # or pkg.mod:factory
 DATASETS = ("digits",)  # or pkg.mod:factory
 LOSSES = ("cross_entropy", "mse")  # or pkg.mod:factory
-MODES = ("ddp", "dp")
+MODES = ("ddp", "dp", "dp-threads", "dp-threads-balanced")
+THREAD_MODES = ("dp-threads", "dp-threads-balanced")  # one process, torch's DataParallel (the seeds)
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("fp16", "bf16")
 BALANCES = ("params", "time")
@@ -39,6 +40,8 @@ DEFAULTS: dict[str, Any] = {
     "pp_balance": "params",
     "distill_temperature": 2.0,  # softens the teacher's near one-hot outputs (Hinton et al.: 2 to 5)
     "distill_alpha": 0.5,
+    "keep_checkpoints": 2,  # the newest and one before it: a truncated newest still resumes
+    "threads": 2,  # CPU copies without GPUs: enough to show device 0's extra load
 }
 
 
@@ -56,7 +59,12 @@ class TrainConfig:
     dataset: str = _opt("digits", "digits, or pkg.mod:factory returning a Dataset or (train, test).")
     loss: str = _opt("cross_entropy", "cross_entropy, mse, or pkg.mod:factory returning a loss module.")
     device: str = _opt("auto", "auto (CUDA when present), cpu or cuda.")
-    mode: str = _opt("ddp", "ddp (bucketed all-reduce) or dp (rank 0 reduces, steps, broadcasts).")
+    mode: str = _opt(
+        "ddp",
+        "ddp (bucketed all-reduce), dp (rank 0 reduces, steps, broadcasts), dp-threads or "
+        "dp-threads-balanced (one process, replicas in threads; loss on device 0 or on each).",
+    )
+    threads: int | None = _opt(None, "Devices of --mode dp-threads: every GPU, or N CPU copies [2].")
     algorithm: str = _opt("ring", "All-reduce algorithm: native, ring, tree, double_tree, ps, ...")
     bucket_mb: float | None = _opt(None, "DDP fusion bucket cap in MB [25].")
     compression: str | None = _opt(None, "fp16 or bf16: DDP buckets travel in half precision.")
@@ -70,6 +78,9 @@ class TrainConfig:
     checkpoint_dir: str | None = _opt(None, "Write checkpoints (DIR/last.pt) here.")
     checkpoint_every: int = _opt(0, "Optimizer steps between checkpoints; 0: every epoch.")
     resume: bool = _opt(False, "Continue from --checkpoint-dir's last checkpoint.")
+    keep_checkpoints: int | None = _opt(None, "Checkpoints kept in --checkpoint-dir, newest first [2].")
+    max_restarts: int = _opt(0, "Restarts of a failed worker group (elastic agent); needs --checkpoint-dir.")
+    straggler_every: int = _opt(20, "Steps between gathers of per-rank work times (stragglers); 0: off.")
     timeout_s: float | None = _opt(None, "Seconds before a stuck collective raises [60].", "--timeout")
     progress: bool = _opt(True, "Show rank 0's progress bar.")
     log_every: int = _opt(10, "Optimizer steps between reads of the loss (one host sync each).")
@@ -121,7 +132,7 @@ def _check_values(cfg: TrainConfig) -> None:
     _named("loss", cfg.loss, LOSSES)
     _choice("device", cfg.device, DEVICES)
     _choice("mode", cfg.mode, MODES)
-    valid = comm.algorithms() if cfg.mode == "ddp" else list(MASTER_ALGORITHMS)
+    valid = list(MASTER_ALGORITHMS) if cfg.mode == "dp" else comm.algorithms()
     _choice(f"algorithm (for mode {cfg.mode!r})", cfg.algorithm, tuple(valid))
     _choice("amp", cfg.amp, AMP_MODES)
     if cfg.compression is not None:
@@ -130,6 +141,11 @@ def _check_values(cfg: TrainConfig) -> None:
         _choice("pipeline schedule", cfg.schedule, tuple(SCHEDULES))
     if cfg.pp_balance is not None:
         _choice("pp_balance", cfg.pp_balance, BALANCES)
+    for name in ("max_restarts", "straggler_every"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
+    if cfg.keep_checkpoints is not None and cfg.keep_checkpoints < 1:
+        raise ValueError(f"keep_checkpoints must be at least 1, got {cfg.keep_checkpoints}")
     for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
@@ -172,8 +188,22 @@ def _check_combinations(cfg: TrainConfig) -> None:
         )
     if cfg.resume and not cfg.checkpoint_dir:
         raise ValueError("resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
+    if cfg.keep_checkpoints is not None and not cfg.checkpoint_dir:
+        raise ValueError(
+            "--keep-checkpoints needs --checkpoint-dir DIR (there is nothing to keep without it)"
+        )
+    if cfg.max_restarts and not cfg.checkpoint_dir:
+        raise ValueError(
+            f"--max-restarts {cfg.max_restarts} resumes from the newest checkpoint; pass --checkpoint-dir DIR"
+        )
     if cfg.mode == "dp":
         _check_master_mode(cfg)
+    if cfg.mode in THREAD_MODES:
+        _check_thread_mode(cfg)
+    elif cfg.threads is not None:
+        raise ValueError(
+            f"--threads {cfg.threads} sets the devices of --mode dp-threads; drop it or add that mode"
+        )
     if cfg.tp > 1 and cfg.model != "vit":
         raise ValueError(f"--tp {cfg.tp} shards the vit's transformer blocks; use --model vit or --tp 1")
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
@@ -206,6 +236,33 @@ def _check_master_mode(cfg: TrainConfig) -> None:
             "--amp fp16 scales the loss on every rank but --mode dp steps on rank 0 alone, so the "
             "scale would not be agreed; use --amp bf16 or --mode ddp"
         )
+
+
+def _check_thread_mode(cfg: TrainConfig) -> None:
+    """--mode dp-threads: one process drives every device with threads; nothing distributed."""
+    given = [
+        flag
+        for flag, value in (
+            ("--bucket-mb", cfg.bucket_mb),
+            ("--compression", cfg.compression),
+            ("--overlap/--no-overlap", cfg.overlap),
+            ("--tp", cfg.tp > 1 or None),
+            ("--pp", cfg.pp > 1 or None),
+            ("--accumulate", cfg.accumulate > 1 or None),
+            ("--teacher", cfg.teacher),
+            ("--amp", cfg.amp != "off" or None),
+            ("--checkpoint-activations", cfg.checkpoint_activations or None),
+            ("--prefetch", cfg.prefetch or None),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: not supported by --mode {cfg.mode}, a single process with replicas "
+            "in threads (the seeds' DataParallel); drop them or use --mode ddp"
+        )
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {cfg.threads}")
 
 
 def _check_pipedream(cfg: TrainConfig) -> None:
@@ -253,6 +310,11 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
     """Raise ValueError when tp x pp does not divide the world (or tp exceeds a node under torchrun)."""
     if world_size < 1:
         raise ValueError(f"--nproc must be at least 1, got {world_size}")
+    if cfg.mode in THREAD_MODES and world_size != 1:
+        raise ValueError(
+            f"--mode {cfg.mode} is one process driving every device with threads; use --nproc 1 "
+            f"(not {world_size}) and --threads N for the devices"
+        )
     if world_size % (cfg.tp * cfg.pp):
         raise ValueError(
             f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} ranks per replica does not divide the "
@@ -276,6 +338,10 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     dropped: set[str] = set()
     if cfg.mode == "dp":
         dropped |= {"bucket_mb", "compression", "overlap"}
+    if cfg.mode in THREAD_MODES:
+        dropped |= {"bucket_mb", "compression", "overlap", "algorithm"}
+    else:
+        dropped.add("threads")
     if cfg.pp == 1:
         dropped |= {"micro_batches", "schedule", "pp_balance"}
     elif cfg.get("schedule") not in SYNCHRONOUS:
@@ -285,7 +351,7 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     if not cfg.checkpoint_activations:
         dropped.add("checkpoint_segments")
     if cfg.checkpoint_dir is None:
-        dropped |= {"checkpoint_every", "resume"}
+        dropped |= {"checkpoint_every", "resume", "keep_checkpoints"}
     return {k: v for k, v in out.items() if k not in dropped}
 
 
@@ -346,6 +412,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "TP x PP": {"tp": 2, "pp": 2, "model": "vit"},
     "PP pipedream": {"pp": 2, "schedule": "pipedream"},
     "--mode dp": {"mode": "dp"},
+    "--mode dp-threads": {"mode": "dp-threads"},
 }
 TECHNIQUES: dict[str, dict[str, Any]] = {
     "--algorithm tree": {"algorithm": "tree"},

@@ -39,6 +39,12 @@ class TrainingLoss:
         with torch.no_grad(), self.amp.autocast():
             self.soft.extend(self.teacher(x).float() for x in inputs)
 
+    def record(self, loss: torch.Tensor, samples: int) -> None:
+        """Count a mean loss computed elsewhere (the threaded DataParallel computes its own)."""
+        weighted = loss.detach() * samples
+        self.total = weighted if self.total is None else self.total + weighted
+        self.count += samples
+
     def __call__(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         out = out.float()
         loss = self.fn(out, target)

@@ -28,6 +28,7 @@ class StragglerMonitor:
     """Times each rank's work and names the ranks that lag (see the module docstring)."""
 
     group: dist.ProcessGroup | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # cuda under NCCL
     every: int = EVERY
     threshold: float = THRESHOLD
     patience: int = PATIENCE
@@ -84,9 +85,10 @@ class StragglerMonitor:
     def _gather(self, mean: float) -> list[float]:
         if not dist.is_initialized() or dist.get_world_size(self.group) == 1:
             return [mean]
-        mine = torch.tensor([mean], dtype=torch.float64)
-        every = torch.empty(dist.get_world_size(self.group), dtype=torch.float64)
-        dist.all_gather_into_tensor(every, mine, group=self.group)
+        mine = torch.tensor([mean], dtype=torch.float64, device=self.device)
+        every = torch.empty(dist.get_world_size(self.group), dtype=torch.float64, device=self.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.13
+        gather(every, mine, group=self.group)
         return [float(v) for v in every.tolist()]
 
 

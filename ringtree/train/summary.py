@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringtree.train.config import TrainConfig, effective
+from ringtree.train.config import THREAD_MODES, TrainConfig, effective
 
 # Measured figures first, in this order; then the effective configuration (config.effective).
 METRIC_KEYS = (
@@ -26,9 +26,16 @@ METRIC_KEYS = (
     "parameters",  # the whole model's, whatever its TP and PP shards
     "steps",
     "resumed_from_step",
+    "restarts",  # times torch's elastic agent restarted the workers (each resumed from a checkpoint)
+    "stragglers",  # ranks whose own work was persistently slower than the median rank's
     "skipped_steps",
     "checkpoint_segments",
     "distilled_from",
+)
+THREAD_KEYS = (  # --mode dp-threads: the last step's work per device, and max / mean of it
+    "devices",
+    "device_held_bytes",  # outputs (all of them on device 0 unless balanced), labels and losses held
+    "device_imbalance",  # of the held bytes on CPU copies, of the peak memory on GPUs
 )
 PIPELINE_KEYS = (
     "bubble_fraction",
@@ -49,6 +56,8 @@ def build_summary(metrics: dict[str, Any], cfg: TrainConfig, names: dict[str, st
     out = {k: metrics[k] for k in METRIC_KEYS}
     if cfg.pp > 1:
         out |= {k: metrics[k] for k in PIPELINE_KEYS}
+    if cfg.mode in THREAD_MODES:
+        out |= {k: metrics[k] for k in THREAD_KEYS}
     for key, value in (effective(cfg) | names).items():
         out.setdefault(key, value)
     return out

@@ -30,13 +30,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from ringtree.launch import default_backend, init_from_env, under_torchrun
+from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh
+from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
 from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, tensor_parallel
-from ringtree.train.config import TrainConfig, check_world, device_type
+from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.loss import TrainingLoss
@@ -44,6 +45,7 @@ from ringtree.train.metrics import Meter
 from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
 from ringtree.train.progress import ProgressBar
 from ringtree.train.stages import model_layers
+from ringtree.train.stragglers import StragglerMonitor
 from ringtree.train.summary import build_summary
 from ringtree.train.techniques import MixedPrecision, PrefetchLoader, ShardedStream, load_teacher
 from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
@@ -132,6 +134,10 @@ def preflight(cfg: TrainConfig) -> None:
     make_datasets(cfg.dataset)
     make_loss(cfg.loss)
     _check_model(make_model(cfg.model), cfg)
+    if cfg.teacher is not None:
+        load_teacher(cfg.teacher, make_model)  # a missing or damaged file is named here, once
+    if cfg.resume and cfg.checkpoint_dir is not None:
+        checkpoint.load(cfg.checkpoint_dir)  # no usable checkpoint: said here, not by every worker
 
 
 def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
@@ -163,6 +169,14 @@ def _join_world(cfg: TrainConfig) -> bool:
         backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=cfg.get("timeout_s"))
     )
     return True
+
+
+def _thread_devices(cfg: TrainConfig) -> list[torch.device]:
+    """--mode dp-threads' devices: every GPU (or the first --threads), else --threads CPU copies."""
+    if device_type(cfg) == "cuda":
+        n = torch.cuda.device_count() if cfg.threads is None else min(cfg.threads, torch.cuda.device_count())
+        return [torch.device("cuda", k) for k in range(n)]
+    return [torch.device("cpu")] * cfg.get("threads")
 
 
 def _device(cfg: TrainConfig) -> torch.device:
@@ -212,9 +226,13 @@ class _Run:
         self.meter = Meter()
         self.model: DistributedDataParallel | MasterDataParallel | None = None
         self.pipe: _Pipeline | None = None
+        self.threaded: ThreadedDataParallel | None = None
         self.segments = self._build_pipeline() if cfg.pp > 1 else self._build_replica()
         self.optimizer = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
+        self.stragglers = (
+            StragglerMonitor(device=self.device, every=cfg.straggler_every) if cfg.straggler_every else None
+        )
         self.last: torch.Tensor | None = None  # the last step's mean loss (device)
         self.epoch_sums: list[Any] = [None, 0]  # this epoch's loss sum (device) and samples
 
@@ -242,6 +260,10 @@ class _Run:
                 segments = enable_checkpointing(self.net, cfg.checkpoint_segments)
         if cfg.mode == "dp":
             self.model = MasterDataParallel(body, cfg.algorithm, timeout_s=cfg.get("timeout_s"))
+        elif cfg.mode in THREAD_MODES:
+            self.threaded = ThreadedDataParallel(
+                body, _thread_devices(cfg), balanced=cfg.mode.endswith("balanced"), loss_fn=self.t.loss_fn
+            )
         else:
             self.model = self._ddp(body, bool(cfg.get("overlap")))
         return segments
@@ -364,7 +386,10 @@ class _Run:
             samples, comm_s, exposed_s = self._replica_step(unit)
         else:
             samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
-        self.meter.add(time.perf_counter() - start, comm_s, exposed_s, samples * self.mesh.dp)
+        elapsed = time.perf_counter() - start
+        self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
+        if self.stragglers is not None:  # own work: the step less the wait for the others' gradients
+            self.stragglers.step(max(0.0, elapsed - exposed_s))
         if self.loss.count:
             assert self.loss.total is not None
             self.last = self.loss.total / self.loss.count
@@ -377,8 +402,20 @@ class _Run:
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, non_blocking=True)
 
+    def _threaded_step(self, threaded: ThreadedDataParallel, chunk: list[Batch]) -> tuple[int, float, float]:
+        """One optimizer step of the seeds' single-process DataParallel (no accumulation: refused)."""
+        (x, y), start = chunk[0], time.perf_counter()
+        self.loss.record(threaded.forward_backward(x, y), len(y))
+        self.recorder.add("forward+backward", start, time.perf_counter(), devices=len(threaded.devices))
+        with self.recorder.span("optimizer", step=self.step):
+            self.optimizer.step()
+        self.step += 1
+        return len(y), 0.0, 0.0  # no process group: nothing is communicated between processes
+
     def _replica_step(self, chunk: list[Batch]) -> tuple[int, float, float]:
         """One optimizer step without a pipeline: every micro-batch forward and backward, the last syncing."""
+        if self.threaded is not None:
+            return self._threaded_step(self.threaded, chunk)
         model = self.model
         assert model is not None
         batches = [(self._to_device(x), self._to_device(y)) for x, y in chunk]
@@ -493,9 +530,10 @@ class _Run:
     # -- checkpoints ------------------------------------------------------------------------
 
     def _resume(self) -> int | None:
-        """Load checkpoint_dir/last.pt when --resume asks for it; the step it continues from."""
+        """Load the newest usable checkpoint when --resume asks for it, or when torch's elastic agent
+        restarted this group after a failure; the step it continues from."""
         cfg = self.cfg
-        if not cfg.resume or cfg.checkpoint_dir is None:
+        if not (cfg.resume or restart_count()) or cfg.checkpoint_dir is None:
             return None
         state = checkpoint.load(cfg.checkpoint_dir, report=print if self.rank == 0 else None)
         if state is None:
@@ -509,6 +547,10 @@ class _Run:
                 f"pass --model {state['model_name']} or another --checkpoint-dir"
             )
         tensor_parallel.load(self.net, self.optimizer, name, state)
+        if "rng" in state:  # the run continues with the random stream it would have had
+            torch.set_rng_state(state["rng"])
+        if self.amp.scaler is not None and "scaler" in state:
+            self.amp.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         return self.step
 
@@ -528,8 +570,11 @@ class _Run:
                 "model_name": self.t.names["model"],
                 "model": {k: v.cpu() for k, v in model.items()},
                 "optimizer": tensor_parallel.to_cpu(optimizer),
+                "rng": torch.get_rng_state(),
             }
-            checkpoint.save(cfg.checkpoint_dir, state)
+            if self.amp.scaler is not None:
+                state["scaler"] = self.amp.scaler.state_dict()
+            checkpoint.save(cfg.checkpoint_dir, state, keep=cfg.get("keep_checkpoints"))
         dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
 
     def _owned(self) -> set[int] | None:
@@ -570,12 +615,21 @@ class _Run:
             "parameters": self.parameters,
             "steps": self.step,
             "resumed_from_step": resumed_from,
+            "restarts": restart_count(),
+            "stragglers": [] if self.stragglers is None else self.stragglers.summary(),
             "skipped_steps": self.amp.skipped_steps,
             "checkpoint_segments": int(segments.item()),
             "distilled_from": cfg.teacher,
         }
         if self.pipe is not None:
             metrics |= self._pipeline_metrics(self.pipe)
+        if self.threaded is not None:
+            stats = self.threaded.stats()
+            metrics |= {
+                "devices": stats.get("devices"),
+                "device_held_bytes": stats.get("held_bytes"),
+                "device_imbalance": stats.get("imbalance"),
+            }
         return build_summary(metrics, cfg, self.t.names)
 
     def _losses(self) -> tuple[float | None, float | None]:

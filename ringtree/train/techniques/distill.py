@@ -46,7 +46,7 @@ def load_teacher(path: str | Path, build: Callable[[str], nn.Module]) -> tuple[n
     build(name) makes an empty model of the checkpoint's recorded kind; returns (model, name).
     """
     file = teacher_file(path)
-    state = torch.load(file, map_location="cpu", weights_only=True)  # tensors only: no code runs
+    state = checkpoint.read(file)  # weights_only: no code runs; a damaged file is named, with why
     name = state.get("model_name") if isinstance(state, dict) else None
     if not isinstance(name, str) or "model" not in state:
         raise ValueError(
