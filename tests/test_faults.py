@@ -80,7 +80,15 @@ def dead_peer(rank: int, algorithm: str) -> tuple[str, float]:
                 os._exit(0)
             real(works, step, t, *args, **kwargs)
 
+        real_one = executor._wait_one
+
+        def dying_one(work: Any, peer: int, sending: bool, t: int, *args: Any) -> None:
+            if t >= 1:  # the pipelined (gloo) path: dies once its step-1 pieces are posted
+                os._exit(0)
+            real_one(work, peer, sending, t, *args)
+
         executor._wait = dying
+        executor._wait_one = dying_one
     start = time.monotonic()
     message = _error(
         lambda: comm.all_reduce(torch.ones(1 << 16), algorithm=algorithm, timeout_s=10, validate=False)
