@@ -210,17 +210,18 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _check_pipedream(cfg)
 
 
+def _bucket_options(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """DDP's bucket options as (flag, value given or None): modes without buckets refuse them."""
+    return [
+        ("--bucket-mb", cfg.bucket_mb),
+        ("--compression", cfg.compression),
+        ("--overlap/--no-overlap", cfg.overlap),
+    ]
+
+
 def _check_master_mode(cfg: TrainConfig) -> None:
     """--mode dp: rank 0 reduces, steps and broadcasts the whole model; no buckets, no mesh."""
-    given = [
-        flag
-        for flag, value in (
-            ("--bucket-mb", cfg.bucket_mb),
-            ("--compression", cfg.compression),
-            ("--overlap/--no-overlap", cfg.overlap),
-        )
-        if value is not None
-    ]
+    given = [flag for flag, value in _bucket_options(cfg) if value is not None]
     if given:
         raise ValueError(
             f"{', '.join(given)}: options of DDP's buckets, which --mode dp does not have; "
@@ -243,9 +244,7 @@ def _check_thread_mode(cfg: TrainConfig) -> None:
     given = [
         flag
         for flag, value in (
-            ("--bucket-mb", cfg.bucket_mb),
-            ("--compression", cfg.compression),
-            ("--overlap/--no-overlap", cfg.overlap),
+            *_bucket_options(cfg),
             ("--tp", cfg.tp > 1 or None),
             ("--pp", cfg.pp > 1 or None),
             ("--accumulate", cfg.accumulate > 1 or None),

@@ -462,15 +462,7 @@ class _Run:
             stats = pipe.ddp.last_sync
             comm[0] += stats.comm_time_s
             comm[1] += stats.exposed_s if synchronous else stats.comm_time_s
-            for s in stats.spans:
-                self.recorder.add(
-                    f"all_reduce bucket {s.bucket}",
-                    s.start,
-                    s.end,
-                    "comm",
-                    bytes=s.nbytes,
-                    stage=self.mesh.pp_rank,
-                )
+            self._bucket_spans(stats, stage=self.mesh.pp_rank)
         self._optimizer_step(pipeline_wide=synchronous)
         self.step += 1  # called once per unit by gpipe and 1f1b, per micro-batch by pipedream
 
@@ -501,16 +493,15 @@ class _Run:
             comm_s = sum(s.end - s.start for s in model.last_comm)
             return comm_s, comm_s  # nothing overlaps the master's reduce and broadcast
         stats = model.last_sync
+        self._bucket_spans(stats, algorithm=self.cfg.algorithm)
+        return stats.comm_time_s, stats.exposed_s
+
+    def _bucket_spans(self, stats: Any, **detail: Any) -> None:
+        """DDP's bucket all-reduces of the last sync, into the trace."""
         for s in stats.spans:
             self.recorder.add(
-                f"all_reduce bucket {s.bucket}",
-                s.start,
-                s.end,
-                "comm",
-                bytes=s.nbytes,
-                algorithm=self.cfg.algorithm,
+                f"all_reduce bucket {s.bucket}", s.start, s.end, "comm", bytes=s.nbytes, **detail
             )
-        return stats.comm_time_s, stats.exposed_s
 
     def _record(self, pipe: _Pipeline, result: StageRun) -> None:
         """Trace spans, the run's [start, end, busy] window, the memory and version peaks."""
