@@ -115,3 +115,10 @@ def test_doctor_names_the_node_behind_the_slow_link(tmp_path: Path) -> None:
     assert [(s["node"], s["kind"]) for s in report["suspects"]] == [(2, "link")]
     assert report["suspects"][0]["measured"] < 0.2  # Gbit/s: under the 100mbit cap
     assert leftovers() == ([], [])
+
+
+@needs_net_admin
+def test_a_job_past_its_timeout_is_stopped_and_cleaned_up() -> None:
+    done = emulate("--nodes", "2", "--no-measure", "--timeout", "2", "--", "bench", "--max-bytes", "64M")
+    assert done.returncode == 1 and "did not finish within 2s" in done.stderr, done.stderr
+    assert leftovers() == ([], [])
