@@ -18,6 +18,10 @@ $(VENV_STAMP): pyproject.toml
 
 demo: venv
 	.venv/bin/ringtree train
+	@echo ""
+	@echo "ringtree is installed in .venv. To run it as plain 'ringtree', put it on your PATH:"
+	@echo "    source .venv/bin/activate      (or call .venv/bin/ringtree directly)"
+	@echo "What the table above means and what to try next: README.md, 'Your first five minutes'."
 
 lint: venv
 	.venv/bin/ruff check ringtree tests benchmarks examples

@@ -1,6 +1,11 @@
 """Pipeline measurements: bubble against (p-1)/(m+p-1), activation memory, sync vs async throughput.
 
     .venv/bin/python benchmarks/pipeline_bubble.py --stages 2 4 --out docs
+    .venv/bin/python benchmarks/pipeline_bubble.py --target-only --json bubble.json   # the vit target
+
+The target rows run the real `vit` cut into 2 stages with 8 micro-batches of 32 (what
+`ringtree train --model vit --pp 2 --micro-batches 8` runs) under gpipe and 1f1b, and report the
+measured bubble beside (p-1)/(m+p-1) and their difference (the runtime's goal: at most 0.15).
 
 For the bubble and the throughput every stage is a small linear layer that sleeps `--forward-ms`
 in its forward and twice that in its backward: a stand-in for a device's compute, so that the
@@ -70,21 +75,30 @@ def _batches(m: int, b: int = 8, features: int = 10) -> list[MicroBatch]:
     ]
 
 
-def _timed(stage: PipelineStage, name: str, m: int) -> list[ActionSpan]:
+def _vit_batches(m: int, b: int = 32) -> list[MicroBatch]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.rand(b, 64, generator=g), torch.randint(0, 10, (b,), generator=g)) for _ in range(m)]
+
+
+def _timed(
+    stage: PipelineStage, name: str, m: int, batches: list[MicroBatch] | None = None
+) -> list[ActionSpan]:
     """Run the schedule once after a barrier; this stage's spans in wall-clock seconds."""
     dist.barrier()
-    run = stage.run(build(name, len(stage.ranks), m), _batches(m))
+    run = stage.run(build(name, len(stage.ranks), m), _batches(m) if batches is None else batches)
     offset = time.time() - time.perf_counter()
     return [ActionSpan(s.kind, s.micro_batch, s.start + offset, s.end + offset) for s in run.spans]
 
 
-def _bubble_case(stage: PipelineStage, name: str, m: int, repeats: int) -> dict[str, Any] | None:
+def _bubble_case(
+    stage: PipelineStage, name: str, m: int, repeats: int, batches: list[MicroBatch] | None = None
+) -> dict[str, Any] | None:
     p = len(stage.ranks)
-    _timed(stage, name, m)  # warm-up
+    _timed(stage, name, m, batches)  # warm-up
     measured: list[tuple[float, float, list[float], list[float]]] = []
     for _ in range(repeats):
         spans: list[Any] = [None] * p
-        dist.all_gather_object(spans, _timed(stage, name, m))
+        dist.all_gather_object(spans, _timed(stage, name, m, batches))
         measured.append(_analyse(spans))
     if dist.get_rank():
         return None
@@ -143,10 +157,29 @@ def _memory(rank: int, p: int, m: int) -> dict[str, list[int]]:
     return out
 
 
-def _gantt(stage: PipelineStage, name: str, m: int) -> list[dict[str, Any]]:
+def _gantt(
+    stage: PipelineStage, name: str, m: int, batches: list[MicroBatch] | None = None
+) -> list[dict[str, Any]]:
     every: list[Any] = [None] * len(stage.ranks)
-    dist.all_gather_object(every, _timed(stage, name, m))
+    dist.all_gather_object(every, _timed(stage, name, m, batches))
     return [{"stage": j, **vars(s)} for j, spans in enumerate(every) for s in spans]
+
+
+def target_worker(rank: int, m: int, repeats: int) -> dict[str, Any]:
+    """The vit cut into p stages, m micro-batches of 32: bubble rows and a Gantt chart per schedule."""
+    p = dist.get_world_size()
+    torch.manual_seed(0)
+    stage = PipelineStage(partition(model_layers(ViT()), p)[rank], rank, list(range(p)))
+    batches = _vit_batches(m)
+    rows = [_bubble_case(stage, n, m, repeats, batches) for n in ("gpipe", "1f1b")]
+    for row in rows:
+        if row is not None:
+            row["model"] = "vit"
+            row["excess"] = row["bubble_fraction"] - row["theoretical_bubble_fraction"]
+    return {
+        "bubble": [r for r in rows if r is not None],
+        "gantt": {n: _gantt(stage, n, m, batches) for n in ("gpipe", "1f1b")},
+    }
 
 
 def worker(rank: int, forward_s: float, repeats: int) -> dict[str, Any]:
@@ -161,13 +194,48 @@ def worker(rank: int, forward_s: float, repeats: int) -> dict[str, Any]:
     }
 
 
+def target(args: argparse.Namespace) -> dict[str, Any]:
+    """The vit rows at p = --target-stages, m = --target-micro-batches; Gantt charts when --gantt-suffix."""
+    p, m = args.target_stages, args.target_micro_batches
+    result = spawn(target_worker, p, (m, args.repeats), timeout_s=600)[0]
+    if args.gantt_suffix is not None:
+        for name, spans in result["gantt"].items():
+            path = args.out / f"pipeline-gantt-vit-{name}{args.gantt_suffix}.png"
+            plot_gantt(spans, path, f"vit, {name}, p={p}, m={m} of 32, gloo{args.gantt_suffix}")
+            print(f"wrote {path}")
+    for r in result["bubble"]:
+        print(
+            f"vit {r['schedule']:>5} p={p} m={m}: measured bubble {r['bubble_fraction']:.3f}, "
+            f"(p-1)/(m+p-1) = {r['theoretical_bubble_fraction']:.3f}, excess {r['excess']:+.3f}, "
+            f"step {r['step_time_s'] * 1e3:.1f} ms"
+        )
+    return {"target": result["bubble"], "target_gantt": result["gantt"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--forward-ms", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--target-only", action="store_true", help="only the vit rows (p=2, m=8)")
+    parser.add_argument("--target-stages", type=int, default=2)
+    parser.add_argument("--target-micro-batches", type=int, default=8)
+    parser.add_argument("--gantt-suffix", default=None, help="write docs/pipeline-gantt-vit-NAME<SUFFIX>.png")
+    parser.add_argument("--json", type=Path, default=None, help="also write every measured figure here")
     args = parser.parse_args()
+    if args.json is not None and args.json.exists():
+        parser.error(f"--json {args.json} exists; remove it or name another file")
+    env = {
+        **environment(),
+        "backend": "gloo",
+    }
+    if args.target_only:
+        out = {"environment": {**env, "world_size": args.target_stages}, **target(args)}
+        if args.json is not None:
+            args.json.write_text(json.dumps({k: v for k, v in out.items() if k != "target_gantt"}, indent=1))
+            print(f"wrote {args.json}")
+        return
     env = {
         **environment(),
         "backend": "gloo",
@@ -199,6 +267,9 @@ def main() -> None:
         for s in results[p]["gantt"]["1f1b"]
     ]
     trace.write(args.out / "data" / "pipeline-1f1b-trace.json", events)
+    data.update({k: v for k, v in target(args).items() if k != "target_gantt"})
+    if args.json is not None:
+        args.json.write_text(json.dumps(data, indent=1))
     print(json.dumps({k: v for k, v in data.items() if k != "environment"}, indent=1))
 
 

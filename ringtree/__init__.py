@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any
 from ringtree.topology import Topology
 
 if TYPE_CHECKING:
+    from ringtree.comm.hook import comm_hook
     from ringtree.parallel import DistributedDataParallel
 
 __version__ = "0.1.0"
-__all__ = ["DistributedDataParallel", "Topology", "__version__"]
+__all__ = ["DistributedDataParallel", "Topology", "__version__", "comm_hook"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from ringtree.parallel import DistributedDataParallel
 
         return DistributedDataParallel
+    if name == "comm_hook":
+        from ringtree.comm.hook import comm_hook
+
+        return comm_hook
     raise AttributeError(f"module 'ringtree' has no attribute {name!r}")

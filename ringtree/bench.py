@@ -65,6 +65,7 @@ class BenchConfig:
         if self.iters < 1 or self.warmup < 0:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got {self.iters} and {self.warmup}")
         check_op(self.op, torch_dtype(self.dtype))
+        check_device(self.device)
 
     def algorithm_list(self) -> list[str]:
         return list(self.algorithms) or comm.algorithms(self.collective)
@@ -96,6 +97,15 @@ class Row:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def check_device(device: str) -> None:
+    """cpu, or cuda[:i] on a machine that has CUDA (NCCL): refused here, not inside the workers."""
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; choose cpu (gloo) or cuda (NCCL)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device} needs a CUDA GPU and this machine has none; use --device cpu")
 
 
 def torch_dtype(name: str) -> torch.dtype:

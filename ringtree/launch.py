@@ -12,6 +12,7 @@ import pickle
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import FileStore  # type: ignore[attr-defined]  # exported, not in __all__
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from torch.multiprocessing.spawn import start_processes
 
 from ringtree.comm.collectives import DEFAULT_TIMEOUT_S
@@ -143,6 +145,60 @@ def _worker(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def elastic_spawn(
+    fn: Callable[..., Any],
+    nproc: int,
+    args: tuple[Any, ...] = (),
+    *,
+    max_restarts: int = 0,
+    backend: str = "gloo",
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Any]:
+    """Run fn(rank, *args) on nproc local workers under torch's elastic agent; return each result.
+
+    The same agent torchrun runs: a worker that dies (SIGKILL, OOM) makes it stop the group and
+    start it again, up to `max_restarts` times, with TORCHELASTIC_RESTART_COUNT counting the
+    attempts, so a local run restarts exactly as a cluster job would. Rendezvous is c10d on
+    127.0.0.1 with a port the agent picks. A run that fails after its restarts raises
+    torch's ChildFailedError naming the failed rank and its exit code.
+    """
+    if nproc < 1 or max_restarts < 0:
+        raise ValueError(f"need nproc >= 1 and max_restarts >= 0, got {nproc} and {max_restarts}")
+    # The rendezvous store shared with the workers keeps a killed attempt's keys, and a restarted
+    # gloo or NCCL group can read them and connect to a dead port (pytorch/pytorch#135712): give
+    # each attempt its own store, as that issue advises.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"ringtree-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    results = elastic_launch(config, _elastic_worker)(fn, backend, collective_timeout_s, *args)
+    return [results[r] for r in range(nproc)]
+
+
+def _elastic_worker(fn: Callable[..., Any], backend: str, collective_timeout_s: float, *args: Any) -> Any:
+    """One worker of elastic_spawn: join the attempt's world, run, leave. Its result travels
+    back through the agent, so it returns normally (no early exit as in `spawn`)."""
+    torch.set_num_threads(1)  # N processes share the host's cores: one intra-op thread each
+    init_from_env(backend, collective_timeout_s)
+    try:
+        return fn(dist.get_rank(), *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def restart_count() -> int:
+    """How many times torch's elastic agent has restarted this worker's group (0 on the first try)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def _load(path: Path, rank: int, allow_missing: bool) -> Any:

@@ -144,6 +144,105 @@ def plot_bubble(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     _save(fig, path)
 
 
+def plot_trees(trees: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Trees side by side, as NCCL draws its double binary tree: one colour per tree, interior ranks
+    filled, leaves hollow, each rank at its in-order column and its depth.
+
+    trees: {"title", "parent": {rank: parent or -1}, "x": {rank: column}, "depth": {rank: depth}}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = ["tab:blue", "tab:orange", "tab:green"]
+    width = max(len(t["x"]) for t in trees)
+    fig, axes = plt.subplots(1, len(trees), figsize=(max(4.0, 0.45 * width) * len(trees), 3.8), squeeze=False)
+    for ax, tree, colour in zip(axes[0], trees, colours, strict=False):
+        x, depth, parent = tree["x"], tree["depth"], tree["parent"]
+        interior = {up for up in parent.values() if up >= 0}
+        for r, up in parent.items():
+            if up >= 0:
+                ax.plot([x[r], x[up]], [-depth[r], -depth[up]], color=colour, lw=1.5, zorder=1)
+        for r in x:
+            filled = r in interior
+            ax.scatter(x[r], -depth[r], s=420, zorder=2, edgecolors=colour, linewidths=2,
+                       facecolors=colour if filled else "white")  # fmt: skip
+            ax.text(x[r], -depth[r], str(r), ha="center", va="center", fontsize=8, zorder=3,
+                    color="white" if filled else "black")  # fmt: skip
+        ax.set_title(tree["title"], fontsize=9, color=colour)
+        ax.set_xlim(-0.8, width - 0.2)
+        ax.set_ylim(-max(depth.values()) - 0.6, 0.6)
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
+def _draw_holdings(ax: Any, frame: dict[str, Any], p: int) -> None:
+    """One step's holdings: ranks x chunks, shaded by how many ranks' inputs each chunk holds; the
+    chunks received in the step outlined in red."""
+    from matplotlib.patches import Rectangle
+
+    held = frame["held"]
+    ax.imshow(held, cmap="Blues", vmin=0, vmax=p, aspect="auto")
+    if len(held) <= 16 and len(held[0]) <= 16:
+        for r, row in enumerate(held):
+            for c, count in enumerate(row):
+                ax.text(c, r, "Σ" if count == p else str(count) if count else "", ha="center", va="center",
+                        fontsize=7, color="white" if count > p / 2 else "black")  # fmt: skip
+    for r, c in frame.get("received", []):
+        ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="tab:red", lw=1.5))
+    ax.set_title(frame["title"], fontsize=8)
+    ax.set_xlabel("chunk", fontsize=7)
+    ax.set_ylabel("rank", fontsize=7)
+    ax.set_xticks(range(len(held[0])))
+    ax.set_yticks(range(len(held)))
+    ax.tick_params(labelsize=6)
+
+
+def plot_holdings(frames: list[dict[str, Any]], p: int, path: Path, title: str) -> None:
+    """Small multiples, one per step: what every rank holds of every chunk (number of contributions,
+    Σ when all p are in), the chunks received in that step outlined in red.
+
+    frames: {"title", "held": [[count per chunk] per rank], "received": [(rank, chunk), ...]}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(4, len(frames))
+    rows = -(-len(frames) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    for ax in axes.flat[len(frames) :]:
+        ax.axis("off")
+    for ax, frame in zip(axes.flat, frames, strict=False):
+        _draw_holdings(ax, frame, p)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
+def animate_holdings(frames: list[dict[str, Any]], p: int, path: Path, title: str) -> None:
+    """The frames of `plot_holdings` as a GIF, one step per second (matplotlib's PillowWriter)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FuncAnimation, PillowWriter
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+
+    def draw(k: int) -> list[Any]:
+        ax.clear()
+        _draw_holdings(ax, frames[k], p)
+        fig.suptitle(title, fontsize=9)
+        return []
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FuncAnimation(fig, draw, frames=len(frames)).save(path, writer=PillowWriter(fps=1))
+    plt.close(fig)
+
+
 def _save(fig: Any, path: Path) -> None:
     """Lay out, write the PNG (creating its folder) and free the figure."""
     import matplotlib.pyplot as plt

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -11,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from ringtree import comm
-from ringtree.launch import spawn
+from ringtree.comm import flight_recorder
+from ringtree.launch import elastic_spawn, restart_count, spawn
 
 
 def _error(fn: Any) -> str:
@@ -109,10 +112,64 @@ def test_a_silent_peer_times_out() -> None:
     results = spawn(silent_peer, 3, timeout_s=60)
     for message, elapsed in results[:2]:
         assert message.startswith("CollectiveError") and "timed out" in message, message
+        assert "Culprit: rank 2 never called a collective" in message, message
         assert elapsed < 5
+
+
+def skipping_peer(rank: int, folder: str, validate: bool) -> tuple[str, list[str]]:
+    """Everyone all-reduces once; then rank 2 skips the second all-reduce and goes quiet."""
+    os.environ[flight_recorder.DUMP_DIR_ENV] = folder
+    comm.all_reduce(torch.ones(8), algorithm="ring")
+    if rank == 2:
+        time.sleep(5)
+        return "skipped", []
+    message = _error(lambda: comm.all_reduce(torch.ones(8), timeout_s=1.5, validate=validate))
+    return message, [r.state for r in flight_recorder.RECORDER.records]
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_hang_names_the_rank_that_skipped_a_collective(tmp_path: Any, validate: bool) -> None:
+    results = spawn(skipping_peer, 3, (str(tmp_path), validate), timeout_s=60)
+    for rank, (message, states) in enumerate(results[:2]):
+        assert message.startswith("CollectiveError"), message
+        assert "Culprit: rank 2 lags: its latest collective is #1 (all_reduce" in message, message
+        assert f"rank {rank} waits in #2 (all_reduce)" in message, message
+        assert states == ["completed", "failed"]
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert [r["seq"] for r in record["records"]] == [1, 2]
+        assert str(tmp_path / f"rank{rank}.json") in message
+
+
+def reordering_peer(rank: int) -> str:
+    """Rank 2 broadcasts where the others all-reduce: the handshake names it at once."""
+    x = torch.ones(8)
+    call = (lambda: comm.broadcast(x, 0)) if rank == 2 else (lambda: comm.all_reduce(x))
+    return _error(call)
+
+
+def test_a_reordered_collective_is_named_by_the_handshake() -> None:
+    for message in spawn(reordering_peer, 3, timeout_s=60):
+        assert message.startswith("MismatchError"), message
+        assert "rank 2: broadcast" in message and "rank 2 differs" in message, message
+        assert "same collectives in the same order" in message
 
 
 def test_collectives_need_a_process_group() -> None:
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         comm.all_reduce(torch.ones(2))
+
+
+def killed_once(rank: int, folder: str) -> tuple[int, float]:
+    """Rank 1 kills itself (SIGKILL) in the middle of its first attempt's work."""
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    if rank == 1 and restart_count() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(x)
+    return restart_count(), float(x[0])
+
+
+def test_a_killed_worker_is_restarted_by_the_elastic_agent(tmp_path: Any) -> None:
+    results = elastic_spawn(killed_once, 2, (str(tmp_path),), max_restarts=1)
+    assert results == [(1, 4.0), (1, 4.0)]  # both ranks ran a second attempt to the end

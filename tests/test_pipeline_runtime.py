@@ -21,8 +21,7 @@ from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.schedules.pipeline import build
 from ringtree.schedules.pipeline_verify import peak_versions
-from ringtree.train.config import TrainConfig
-from ringtree.train.pipeline_trainer import train_pipeline
+from ringtree.train import TrainConfig, Trainer
 
 P, M, STEPS, LR = 4, 4, 2, 0.1
 
@@ -82,7 +81,7 @@ def _world(rank: int) -> dict[str, Any]:
     cfg = TrainConfig(
         model="mlp", pp=2, micro_batches=4, batch_size=8, schedule="gpipe", epochs=3, progress=False
     )
-    out["dp2xpp2"] = train_pipeline(rank, cfg).summary
+    out["dp2xpp2"] = Trainer.from_config(cfg).fit()
     dist.barrier()
     out["failure"] = _failing(rank)
     return out

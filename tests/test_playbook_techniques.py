@@ -83,7 +83,9 @@ def test_non_finite_steps_are_skipped_and_counted() -> None:
     assert torch.equal(net.weight, before)  # nothing applied
     net, opt = _model_with_grad(1.0)
     assert amp.step(opt) and amp.skipped_steps == 1
-    assert not amp.step(opt, finite=False) and amp.skipped_steps == 2  # the ranks' joint verdict wins
+    assert (
+        not amp.step(opt, agree=lambda ok: False) and amp.skipped_steps == 2
+    )  # the ranks' joint verdict wins
 
 
 def test_loss_scaling_skips_inf_gradients_and_lowers_the_scale() -> None:

@@ -82,23 +82,25 @@ SHAPES = [(1, p) for p in (2, 3, 5, 6, 8, 12, 16, 64)] + [
 ]  # fmt: skip
 
 
+# Where the closed form still misses by more than 2% (docs/simulator.md): the folded
+# halving-doubling across nodes, whose fold and first exchange share a NIC at different steps
+# (the closed form slows the later flow but not the earlier one), and one double tree shape.
+KNOWN_MISSES = {(2, 3, "halving_doubling"): 0.14, (6, 2, "double_tree"): 0.05}
+
+
 @pytest.mark.parametrize(("nodes", "local"), SHAPES)
 def test_closed_form_agrees_with_replay(nodes: int, local: int) -> None:
-    """Within 5% wherever p is a power of two; elsewhere within 5% or up to 45% pessimistic.
+    """Within 2% for every algorithm, size and shape but the known misses above.
 
-    With p not a power of two the trees and the folded halving-doubling are irregular: ranks reach
-    a step at different times, so flows that the closed form charges as sharing a port or NIC for
-    the whole step overlap only partly in the replay (documented in docs/simulator.md).
+    Steps are costed along each rank's dependency path, and flows share a port or NIC only while
+    they overlap in time, as in the replay.
     """
     c = Cluster(nodes, local, INTRA["pcie-gen4"], INTER["eth-25g"])
-    regular = c.ranks & (c.ranks - 1) == 0
     for algorithm in ALGORITHMS:
+        tolerance = KNOWN_MISSES.get((nodes, local, algorithm), 0.02)
         for nbytes in (4096, 1 << 20, 16 << 20):
             closed, replay = estimate(algorithm, c, nbytes), replay_all_reduce(algorithm, c, nbytes)
-            if regular:
-                assert closed == pytest.approx(replay, rel=0.05), (algorithm, nbytes)
-            else:
-                assert 0.95 * replay <= closed <= 1.45 * replay, (algorithm, nbytes)
+            assert closed == pytest.approx(replay, rel=tolerance), (algorithm, nbytes)
 
 
 def test_replay_sees_nic_sharing() -> None:

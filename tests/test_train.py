@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,18 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.launch import spawn
-from ringtree.train import TrainConfig, checkpoint, train
+from ringtree.train import RankResult, TrainConfig, Trainer
 from ringtree.train.data import digits
-from ringtree.train.metrics import SUMMARY_KEYS
 from ringtree.train.models import ViT, build_model
+from ringtree.train.summary import METRIC_KEYS
 from ringtree.train.trace import chrome_trace
 
 QUICK = TrainConfig(epochs=2, progress=False)  # 2 ranks x 32: 23 steps per epoch
+
+
+def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
+    """What `ringtree train` runs on each rank."""
+    return Trainer.from_config(cfg, trace=trace).run()
 
 
 @pytest.mark.parametrize(
@@ -30,7 +34,15 @@ QUICK = TrainConfig(epochs=2, progress=False)  # 2 ranks x 32: 23 steps per epoc
         ({"model": "resnet"}, "unknown model 'resnet'; choose one of mlp, mlp-tiny, vit"),
         ({"algorithm": "rnig"}, "unknown algorithm (for mode 'ddp') 'rnig'"),
         ({"mode": "dp", "algorithm": "bfb"}, "unknown algorithm (for mode 'dp') 'bfb'"),
-        ({"mode": "dp", "compression": "fp16"}, "compression works in mode 'ddp' only"),
+        ({"mode": "dp", "compression": "fp16"}, "--compression: options of DDP's buckets"),
+        ({"mode": "dp", "bucket_mb": 1.0}, "--bucket-mb: options of DDP's buckets"),
+        ({"mode": "dp", "pp": 2}, "--mode dp steps the whole model on rank 0"),
+        ({"schedule": "gpipe"}, "--schedule needs --pp 2 or more"),
+        ({"micro_batches": 8}, "--micro-batches needs --pp 2 or more"),
+        ({"distill_alpha": 0.3}, "--distill-alpha needs --teacher"),
+        ({"tp": 2}, "--tp 2 shards the vit's transformer blocks; use --model vit"),
+        ({"pp": 2, "schedule": "pipedream", "accumulate": 2}, "cannot apply"),
+        ({"model": "nodots"}, "choose one of mlp, mlp-tiny, vit or pkg.mod:factory"),
         ({"compression": "int8"}, "unknown compression 'int8'"),
         ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
         ({"lr": -1.0}, "lr must be positive, got -1.0"),
@@ -40,6 +52,19 @@ QUICK = TrainConfig(epochs=2, progress=False)  # 2 ranks x 32: 23 steps per epoc
 def test_config_errors_name_the_value(changes: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         TrainConfig(**changes)
+
+
+def test_the_effective_configuration_leaves_out_what_had_no_effect() -> None:
+    from ringtree.train.config import effective
+
+    plain = effective(TrainConfig())
+    assert plain["bucket_mb"] == 25.0 and plain["overlap"] is True and plain["timeout_s"] == 60.0
+    assert "schedule" not in plain and "distill_alpha" not in plain and "checkpoint_segments" not in plain
+    master = effective(TrainConfig(mode="dp", algorithm="ps"))
+    assert "bucket_mb" not in master and "overlap" not in master and "compression" not in master
+    piped = effective(TrainConfig(pp=2))
+    assert (piped["schedule"], piped["micro_batches"], piped["pp_balance"]) == ("1f1b", 4, "params")
+    assert effective(TrainConfig(pp=2, schedule="pipedream"))["overlap"] is False
 
 
 def test_digits_split_is_fixed_and_disjoint() -> None:
@@ -70,26 +95,6 @@ def test_vit_patches_follow_the_image_layout() -> None:
     assert first_patch.tolist() == [0.0, 1.0, 8.0, 9.0]  # the top-left 2x2 square
 
 
-def test_checkpoint_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    checkpoint.save(tmp_path, {"step": 1, "w": torch.ones(2)})
-
-    def crash(*args: object, **kwargs: object) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
-        checkpoint.save(tmp_path, {"step": 2, "w": torch.zeros(2)})
-    state = checkpoint.load(tmp_path)
-    assert state is not None and state["step"] == 1 and os.listdir(tmp_path) == ["last.pt"]
-
-
-def test_checkpoint_loads_weights_only(tmp_path: Path) -> None:
-    assert checkpoint.load(tmp_path) is None
-    torch.save({"step": 3, "evil": Path("x")}, tmp_path / "last.pt")
-    with pytest.raises(Exception, match=r"[Ww]eights only"):
-        checkpoint.load(tmp_path)
-
-
 def run_world(rank: int, ck: str) -> dict[str, Any]:
     """Several trainer runs in one world of 2 ranks."""
     out: dict[str, Any] = {}
@@ -112,13 +117,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]
 
 def test_summary_has_every_key(world: tuple[list[dict[str, Any]], Path]) -> None:
     summary = world[0][0]["full"]
-    assert set(SUMMARY_KEYS) <= set(summary)
+    assert list(summary)[: len(METRIC_KEYS)] == list(METRIC_KEYS)
+    assert (summary["dp"], summary["tp"], summary["pp"], summary["mode"]) == (2, 1, 1, "ddp")
+    assert summary["parameters"] == sum(p.numel() for p in build_model("mlp").parameters())
+    assert summary["final_loss"] < 0.5 and summary["epochs"] == 2 and "schedule" not in summary
     assert summary["world_size"] == 2 and summary["steps"] == 46 and 0 <= summary["accuracy"] <= 1
     assert summary["samples_per_s"] > 0 and 0 < summary["comm_time_s"] < summary["step_time_s"]
-    other = world[0][1]["full"]  # the same numbers on every rank, but each rank's own training loss
-    assert {k: v for k, v in other.items() if k != "train_loss"} == {
-        k: v for k, v in summary.items() if k != "train_loss"
-    }
+    assert world[0][1]["full"] == summary  # the same numbers on every rank
 
 
 def test_trains_to_high_accuracy(world: tuple[list[dict[str, Any]], Path]) -> None:
@@ -138,6 +143,7 @@ def test_dp_mode_with_accumulation(world: tuple[list[dict[str, Any]], Path]) -> 
     dp = world[0][0]["dp"]
     assert dp["mode"] == "dp" and dp["steps"] == 12  # ceil(23 / 2)
     assert dp["exposed_comm_time_s"] == pytest.approx(dp["comm_time_s"])
+    assert "bucket_mb" not in dp and "overlap" not in dp  # the master mode has no buckets
 
 
 def test_trace_has_every_phase_per_rank(world: tuple[list[dict[str, Any]], Path]) -> None:
@@ -152,18 +158,58 @@ def test_trace_has_every_phase_per_rank(world: tuple[list[dict[str, Any]], Path]
     json.dumps(trace)
 
 
-def test_cli_writes_json_and_trace(tmp_path: Path) -> None:
-    args = ["train", "--nproc", "2", "--epochs", "1", "--no-progress", "--algorithm", "double_tree"]
+def test_cli_reads_a_config_file_that_flags_override(tmp_path: Path) -> None:
+    (tmp_path / "run.yaml").write_text("epochs: 1\nalgorithm: tree\nbatch-size: 64\nprogress: false\n")
+    args = ["train", "--nproc", "2", "--config", str(tmp_path / "run.yaml"), "--algorithm", "double_tree"]
     out = CliRunner().invoke(
         app, [*args, "--json", str(tmp_path / "s.json"), "--trace", str(tmp_path / "t.json")]
     )
     assert out.exit_code == 0, out.output
     summary = json.loads((tmp_path / "s.json").read_text())
-    assert list(summary) == list(SUMMARY_KEYS) and summary["algorithm"] == "double_tree"
+    assert list(summary)[: len(METRIC_KEYS)] == list(METRIC_KEYS)
+    assert (summary["algorithm"], summary["epochs"], summary["batch_size"]) == ("double_tree", 1, 64)
+    assert summary["steps"] == 12  # ceil(719 / 64): the file's batch size
     assert summary["predicted_step_time_s"] is None and "exposed_comm_time_s" in out.output
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
 
 
-def test_cli_rejects_bad_options() -> None:
-    out = CliRunner().invoke(app, ["train", "--compression", "int4"])
-    assert out.exit_code != 0 and "unknown compression 'int4'" in out.output
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--compression", "int4"], "unknown compression 'int4'"),
+        (["--pp", "2", "--mode", "dp", "--algorithm", "ps"], "--mode dp steps the whole model on rank 0"),
+        (["--schedule", "gpipe"], "--schedule needs --pp 2 or more"),
+        (["--nproc", "3", "--pp", "2"], "does not divide the 3 ranks"),
+        (["--device", "cuda"], "--device cuda needs a CUDA GPU"),
+        (["--config", "/nonexistent.yaml"], "cannot read --config /nonexistent.yaml"),
+        (["--json", "/tmp"], "--json /tmp is a folder"),
+        (["--nproc", "8", "--pp", "8"], "--pp 8 is more stages than the 5 layers of the model"),
+        (["--model", "nowhere.at.all:make"], "--model 'nowhere.at.all:make': cannot load it"),
+        (["--dataset", "ringtree.train.models:MLP"], "the factory returned MLP, not a Dataset"),
+    ],
+)
+def test_cli_refuses_before_any_process_starts(args: list[str], words: str) -> None:
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = CliRunner().invoke(app, ["train", *args])
+    text = " ".join(out.output.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())  # unwrap rich's box
+    assert out.exit_code == 2 and words in text and "Traceback" not in text, out.output
+
+
+def test_a_config_file_with_an_unknown_option_is_refused(tmp_path: Path) -> None:
+    from ringtree.train.config import load_file
+
+    (tmp_path / "c.json").write_text('{"epochs": 1, "colour": "red"}')
+    with pytest.raises(ValueError, match=r"unknown option\(s\) colour"):
+        load_file(tmp_path / "c.json")
+
+
+def test_help_fits_80_columns_with_every_option_name_whole() -> None:
+    from dataclasses import fields
+
+    from ringtree.train.config import flag
+
+    out = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert out.exit_code == 0 and max(len(line) for line in out.output.splitlines()) <= 80
+    for f in fields(TrainConfig):
+        assert flag(f.name) in out.output, flag(f.name)

@@ -1,4 +1,4 @@
-"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | doctor | emulate`."""
+"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | show | doctor | emulate`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from ringtree.cli import (
     bench,  # noqa: F401  (registers its subcommand)
     doctor,  # noqa: F401  (registers its subcommand)
     emulate,  # noqa: F401  (registers its subcommand)
+    show,  # noqa: F401  (registers its subcommand)
     sim,  # noqa: F401  (registers sim, plan and calibrate)
     train,  # noqa: F401  (registers its subcommand)
 )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import print_environment, print_table, write_json
+from ringtree.cli.output import check_output, print_environment, print_table, write_json
 from ringtree.units import format_size, parse_size
 
 if TYPE_CHECKING:  # torch loads only when the command runs, so other commands start fast
@@ -21,7 +21,7 @@ def bench(
     collective: str = typer.Option(
         "all_reduce", help="all_reduce, reduce_scatter, all_gather, broadcast or reduce."
     ),
-    algorithms: str = typer.Option("", help="Comma-separated algorithm names; default: all."),
+    algorithms: str = typer.Option("all", help="Comma-separated algorithm names, or 'all'."),
     min_bytes: str = typer.Option("8", help="Smallest size, e.g. 8, 4K, 64M."),
     max_bytes: str = typer.Option("64M", help="Largest size."),
     step_factor: int = typer.Option(2, help="Multiply the size by this between rows."),
@@ -39,10 +39,15 @@ def bench(
     """Measure collective algorithms side by side: time, algbw, busbw and wrong elements per size."""
     from ringtree.bench import ROW_KEYS, BenchConfig
 
+    check_output(json_path, "--json")
+    check_output(plot, "--plot")
+    names = tuple(a.strip() for a in algorithms.split(",") if a.strip())
+    if not names:
+        raise typer.BadParameter(f"--algorithms {algorithms!r} names no algorithm; pass names or 'all'")
     try:
         cfg = BenchConfig(
             collective=collective,
-            algorithms=tuple(a.strip() for a in algorithms.split(",") if a.strip()),
+            algorithms=() if names == ("all",) else names,
             min_bytes=parse_size(min_bytes),
             max_bytes=parse_size(max_bytes),
             step_factor=step_factor,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import statistics
 import time
 from typing import Any
@@ -12,14 +11,9 @@ def load_module(spec: str) -> Any:
     """Call `factory` of `pkg.mod:factory` and return the torch.nn.Module it builds."""
     import torch
 
-    path, _, name = spec.partition(":")
-    if not path or not name:
-        raise ValueError(f"--module {spec!r}: write it as pkg.mod:factory")
-    try:
-        factory = getattr(importlib.import_module(path), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--module {spec!r}: cannot load it ({e})") from None
-    module = factory()
+    from ringtree.train.factories import call_factory
+
+    module = call_factory(spec, "--module")
     if not isinstance(module, torch.nn.Module):
         raise ValueError(
             f"--module {spec!r}: the factory returned {type(module).__name__}, not a torch.nn.Module"

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.console import Console
 
 console = Console()
@@ -18,14 +19,42 @@ def print_environment(env: dict[str, Any]) -> None:
     console.print("# " + "  ".join(f"{k}={v}" for k, v in env.items()), highlight=False, soft_wrap=True)
 
 
+def check_output(path: Path | None, option: str) -> None:
+    """Refuse, before any work is done, an output path that could not be written at the end:
+    an existing folder, or a parent that exists but is not a folder (exit 2, one sentence)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise typer.BadParameter(
+            f"{option} {path} is a folder; name a file inside it, e.g. {path / 'out.json'}"
+        )
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise typer.BadParameter(f"{option} {path}: {parent} is a file, not a folder; choose another path")
+    if parent is not None and not os.access(parent, os.W_OK):
+        raise typer.BadParameter(f"{option} {path}: cannot write in {parent}; choose a writable folder")
+
+
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically: a temporary file in the same folder, then a rename."""
+    """Write strict JSON atomically (a temporary file in the same folder, then a rename), with the
+    ordinary permissions of a new file (mkstemp's are private)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"  # NaN/Infinity are not JSON
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,9 @@ _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 
 @app.command()
 def plan(
-    model: str | None = typer.Option(None, help="A model preset: vit-base, resnet50, gpt2-xl, llama-7b, ..."),
+    model: str | None = typer.Option(
+        None, help="A model preset (vit-base, resnet50, gpt3-175b, llama-7b, ...) or 'transformer'."
+    ),
     params: str | None = typer.Option(None, help="Parameter count instead of a preset, e.g. 86M, 1.5B."),
     module: str | None = typer.Option(None, help="pkg.mod:factory returning a torch.nn.Module to count."),
     grad_dtype: str = typer.Option("fp32", help="Gradient dtype: fp32, fp16 or bf16."),
@@ -26,10 +29,13 @@ def plan(
     measure: bool = typer.Option(False, help="Time the --module here instead (needs --input-shape)."),
     input_shape: str | None = typer.Option(None, help="Input shape for --measure, e.g. 32,3,224,224."),
     nodes: int = typer.Option(1, help="Nodes."),
-    gpus_per_node: int = typer.Option(8, help="Devices per node."),
+    gpus_per_node: int | None = typer.Option(None, help="Devices per node (default 8, or the --cluster's)."),
     intra: str | None = typer.Option(None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'."),
     inter: str | None = typer.Option(None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'."),
-    nics_per_node: int = typer.Option(1, help="NICs per node."),
+    nics_per_node: int | None = typer.Option(None, help="NICs per node (default 1, or the --cluster's)."),
+    cluster_name: str | None = typer.Option(
+        None, "--cluster", help="A cluster preset: dgx-a100, dgx-h100, p4d.24xlarge, eth-10g, ..."
+    ),
     calibration: Path | None = typer.Option(None, help="A `ringtree calibrate` file for unnamed links."),
     algorithm: str = typer.Option("auto", help="The algorithm to report, or auto (the fastest)."),
     overlap: bool = typer.Option(False, "--overlap/--no-overlap", help="Overlap all-reduce with backward."),
@@ -46,17 +52,58 @@ def plan(
         None,
         help="With --tp: LAYERS,HIDDEN,SEQ of the transformer (presets know theirs), e.g. 96,12288,2048.",
     ),
+    layers: int | None = typer.Option(None, help="Transformer model: layers."),
+    hidden: int | None = typer.Option(None, help="Transformer model: hidden size."),
+    heads: int | None = typer.Option(None, help="Transformer model: attention heads."),
+    seq: int | None = typer.Option(None, help="Transformer model: sequence length."),
+    vocab: int | None = typer.Option(None, help="Transformer model: vocabulary size."),
+    global_batch: int | None = typer.Option(None, help="Transformer model: sequences per optimizer step."),
+    micro_batch: int | None = typer.Option(None, help="Transformer model: sequences per micro-batch (1)."),
+    dtype: str = typer.Option("bf16", help="Transformer model: fp16 or bf16."),
+    recompute: str | None = typer.Option(
+        None, help="Transformer model: activation recompute none (default)|selective|full."
+    ),
+    search: bool = typer.Option(False, help="Rank every TP x PP x DP x micro-batch that fits in memory."),
+    from_run: Path | None = typer.Option(None, help="A `ringtree train --json` summary of a one-node run."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the plan as JSON here."),
     plot: Path | None = typer.Option(None, help="PNG of the speedup from 1 to --nodes nodes."),
 ) -> None:
-    """Predict the step time of data-parallel training on a cluster, per algorithm, and recommend one."""
-    from ringtree.sim import ALGORITHMS, make_cluster
-    from ringtree.sim.plan import StepConfig
+    """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
+    under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
+    from ringtree.sim import ALGORITHMS
+    from ringtree.sim.plan import MODELS, StepConfig
+    from ringtree.sim.transformer import MODELS as TRANSFORMERS
 
+    links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
+    shape_given = any(x is not None for x in (layers, hidden, heads, seq, vocab, global_batch))
+    transformer_only = shape_given or search or micro_batch is not None or recompute is not None
+    if from_run is not None:
+        given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time}
+        _refuse(
+            [k for k, v in given.items() if v is not None] + (["--search"] if search else []), "--from-run"
+        )
+        return _from_run(from_run, links, algorithm, json_path)
+    dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
+    only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
+    transformer = only or (model in TRANSFORMERS and not dp_inputs)
+    if transformer and dp_inputs:
+        _refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
+    if transformer:
+        dims = (layers, hidden, heads, seq, vocab)
+        legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot,
+                  "--shape": shape, "--accumulate": None if accumulate == 1 else accumulate,
+                  "--batch-size": None if batch_size == 32 else batch_size,
+                  "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype}  # fmt: skip
+        if search and (tp > 1 or pp > 1 or micro_batch is not None):
+            _refuse(["--tp", "--pp", "--micro-batch"], "--search (it chooses them)")
+        return _transformer(
+            model, dims, global_batch, micro_batch or 1, tp, pp, dtype, recompute, overlap, bucket_mb,
+            schedule, links, algorithm, search, json_path, legacy,
+        )  # fmt: skip
     try:
         count = _param_count(model, params, module)
         seconds = _compute_time(compute_time, measure, module, input_shape)
-        cluster = make_cluster(nodes, gpus_per_node, intra, inter, calibration, nics_per_node)
+        cluster = links.cluster()
         config = StepConfig(
             count, seconds, grad_dtype, compression, overlap, bucket_mb, accumulate, batch_size
         )
@@ -68,6 +115,7 @@ def plan(
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
     _print(result)
+    _explain(result, config, cluster, calibration)
     if pp > 1:
         result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
     if tp > 1:
@@ -85,6 +133,49 @@ def plan(
         }
         plot_scaling(counts, curves, plot, f"{count / 1e6:.0f}M params, {result['cluster_title']}")
         console.print(f"wrote {plot}", highlight=False)
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """The cluster options of the command line, resolved on demand (a preset, links, a calibration)."""
+
+    nodes: int
+    gpus_per_node: int | None
+    intra: str | None
+    inter: str | None
+    nics_per_node: int | None
+    name: str | None
+    calibration: Path | None
+
+    def cluster(self) -> Any:
+        from ringtree.sim import make_cluster
+        from ringtree.sim.clusters import preset_cluster
+
+        if self.name is None:
+            return make_cluster(
+                self.nodes,
+                self.gpus_per_node or 8,
+                self.intra,
+                self.inter,
+                self.calibration,
+                self.nics_per_node,
+            )
+        if self.calibration is not None:
+            raise ValueError(
+                f"--cluster {self.name} and --calibration both describe the links: pass one of them"
+            )
+        c = preset_cluster(self.name, self.nodes, self.gpus_per_node, self.intra, self.inter)
+        return dataclasses.replace(c, nics_per_node=self.nics_per_node) if self.nics_per_node else c
+
+    def gpu(self) -> Any:
+        from ringtree.sim.clusters import get
+
+        if self.name is None:
+            raise ValueError(
+                "the transformer model needs the GPU's peak and memory: pass --cluster "
+                "(dgx-a100, dgx-h100, p4d.24xlarge, ...)"
+            )
+        return get(self.name).gpu
 
 
 def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
@@ -153,9 +244,9 @@ def _tensor_parallel(
             )
         layers, hidden, seq = dims
         tshape = TPShape(layers, hidden, seq, config.batch_size, DTYPE_BYTES[config.grad_dtype])
-        inside = predict_tp_step(config, tshape, cluster, tp, algorithm)
+        inside = predict_tp_step(config, tshape, cluster, tp, algorithm).as_dict()
         across = (
-            predict_tp_step(config, tshape, cluster, tp, algorithm, spread=True)
+            predict_tp_step(config, tshape, cluster, tp, algorithm, spread=True).as_dict()
             if cluster.nodes >= tp
             else None
         )
@@ -165,7 +256,7 @@ def _tensor_parallel(
         if row is not None:
             console.print(
                 f"tensor parallel tp={tp}, {where} ({row['tp_link']}): step {row['step_time_s']:.4f} s, TP "
-                f"all-reduces {row['tp_comm_time_s']:.4f} s, {row['samples_per_s']:.1f} samples/s",
+                f"all-reduces {row['tp_comm_s']:.4f} s, {row['samples_per_s']:.1f} samples/s",
                 highlight=False,
             )
     return {"inside_node": inside, "across_nodes": across}
@@ -237,3 +328,196 @@ def parse_count(text: str) -> int:
     if value < 0:
         raise ValueError(f"parameter count must not be negative, got {text!r}")
     return int(value)
+
+
+def _refuse(options: list[str], what: str) -> None:
+    """Exit 2 naming options that would be ignored."""
+    if options:
+        raise typer.BadParameter(f"{', '.join(options)} do not apply with {what}: drop them")
+
+
+def _explain(result: dict[str, Any], config: Any, cluster: Any, calibration: Path | None) -> None:
+    """Why: the bound per link level, the bottleneck, the network for 90% efficiency, an error bar;
+    with the seed's own arithmetic beside the plan's."""
+    from ringtree.sim.explain import explain, seed_derivation
+
+    why = explain(config, cluster, result["algorithm"], calibration)
+    # The seed's arithmetic is a flat ring through one NIC per node: shown where the plan is that.
+    flat_ring = result["algorithm"] in ("ring", "native") and cluster.nics_per_node == 1
+    shown = cluster.nodes > 1 and flat_ring
+    derivation = seed_derivation(config, cluster, result["algorithm"]) if shown else []
+    for line in [*why["lines"], *derivation]:
+        console.print(line, highlight=False)
+    result["explain"] = {k: v for k, v in why.items() if k != "lines"} | {"lines": why["lines"] + derivation}
+
+
+def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path | None) -> None:
+    """A finished one-node run's measured compute time, scaled to --nodes x --gpus-per-node."""
+    import json
+
+    from ringtree.sim.plan import StepConfig, predict_step
+
+    try:
+        summary = json.loads(path.read_text())
+        if not isinstance(summary, dict):
+            raise ValueError(f"{path} is not a `ringtree train --json` summary (expected one JSON object)")
+        config = StepConfig.from_summary(summary)
+        cluster = links.cluster()
+        run_nodes = int(summary.get("nodes") or 1)
+        run_ranks = int(summary.get("world_size") or 1)
+        chosen = str(summary.get("algorithm") or "ring") if algorithm == "auto" else algorithm
+        if chosen not in _algorithms():
+            chosen = "ring"  # torch's native all-reduce is modelled as ring
+    except (ValueError, OSError) as e:
+        raise typer.BadParameter(str(e)) from None
+    if run_nodes != 1:
+        raise typer.BadParameter(f"--from-run expects a one-node run, {path} ran on {run_nodes} nodes")
+    row = predict_step(config, cluster, chosen)
+    base_cluster = dataclasses.replace(cluster, nodes=1, gpus_per_node=run_ranks)
+    base = predict_step(config, base_cluster, chosen)
+    speedup = row.samples_per_s / (
+        config.accumulate * config.batch_size * run_ranks / float(summary["step_time_s"])
+    )
+    result = {
+        **row.as_dict(),
+        "speedup": speedup,
+        "speedup_vs_predicted_run": row.samples_per_s / base.samples_per_s if base.samples_per_s else 0.0,
+        "measured_run_step_s": float(summary["step_time_s"]),
+        "predicted_run_step_s": base.step_s,
+        "from_run": str(path),
+        "cluster": cluster.as_dict(),
+    }
+    console.print(
+        f"ringtree plan --from-run {path}: {config.params / 1e6:.1f}M params, compute "
+        f"{config.compute_time_s:.4f} s "
+        f"per micro-step (measured); on {_cluster_title(cluster)} with {chosen}: step {row.step_s:.4f} s, "
+        f"speedup {speedup:.2f}x over the measured {run_ranks}-rank run",
+        highlight=False,
+    )
+    _explain(result, config, cluster, links.calibration)
+    if json_path is not None:
+        write_json(json_path, result)
+
+
+def _algorithms() -> tuple[str, ...]:
+    from ringtree.sim import ALGORITHMS
+
+    return ALGORITHMS
+
+
+def _transformer(
+    model: str | None,
+    dims: tuple[int | None, ...],
+    global_batch: int | None,
+    micro_batch: int,
+    tp: int,
+    pp: int,
+    dtype: str,
+    recompute: str | None,
+    overlap: bool,
+    bucket_mb: float,
+    schedule: str,
+    links: ClusterOptions,
+    algorithm: str,
+    search: bool,
+    json_path: Path | None,
+    legacy: dict[str, Any],
+) -> None:
+    """The transformer model: one configuration, or --search over all that fit."""
+    from ringtree.sim import transformer as tf
+
+    try:
+        unused = [k for k, v in legacy.items() if v is not None]
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)} do not apply to the transformer model: drop them, or pass "
+                "--compute-time for the data-parallel planner"
+            )
+        shape = _shape(model, dims)
+        if global_batch is None:
+            raise ValueError("the transformer model needs --global-batch (sequences per optimizer step)")
+        gpu, cluster = links.gpu(), links.cluster()
+        chosen = "ring" if algorithm == "auto" else algorithm
+        if search:
+            modes = tf.RECOMPUTE if recompute is None else (recompute,)
+            if recompute is not None and recompute not in tf.RECOMPUTE:
+                raise ValueError(
+                    f"unknown --recompute {recompute!r}; choose one of {', '.join(tf.RECOMPUTE)}"
+                )
+            rows = tf.search(shape, global_batch, cluster, gpu, dtype, modes, chosen)
+            if not rows:
+                raise ValueError(
+                    f"no TP x PP x DP x micro-batch of this model fits {cluster.ranks} x {gpu.name}: "
+                    "add nodes or shrink the model"
+                )
+        else:
+            run = tf.Training(
+                global_batch, micro_batch, tp, pp, dtype, recompute or "none", overlap, bucket_mb, schedule
+            )
+            rows = [tf.plan(shape, run, cluster, gpu, chosen)]
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    _print_transformer(rows, shape, cluster, gpu, search)
+    if json_path is not None:
+        best = rows[0].as_dict()
+        payload = {**best, "configurations": [r.as_dict() for r in rows]} if search else best
+        write_json(json_path, payload)
+
+
+def _shape(model: str | None, dims: tuple[int | None, ...]) -> Any:
+    """A preset's shape with any of --layers --hidden --heads --seq --vocab replacing its part."""
+    from ringtree.sim.transformer import MODELS, Transformer
+
+    names = ("layers", "hidden", "heads", "seq", "vocab")
+    base = MODELS.get(model or "")
+    if base is None and model not in (None, "transformer"):
+        raise ValueError(f"unknown transformer {model!r}; choose transformer or one of {', '.join(MODELS)}")
+    given = dict(zip(names, dims, strict=True))
+    if base is None:
+        missing = [f"--{k}" for k, v in given.items() if v is None]
+        if missing:
+            raise ValueError(
+                f"--model transformer needs {' '.join(missing)} (or a preset: {', '.join(MODELS)})"
+            )
+        return Transformer(**{k: int(v) for k, v in given.items() if v is not None})
+    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
+def _print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, search: bool) -> None:
+    title = (
+        f"ringtree plan: transformer {shape.params / 1e9:.2f}B params (l={shape.layers}, h={shape.hidden}, "
+        f"a={shape.heads}, s={shape.seq}, V={shape.vocab}) on {_cluster_title(cluster)}, {gpu.name}"
+    )
+    print_table(
+        title,
+        ["tp", "pp", "dp", "micro-batch", "recompute", "step (s)", "compute", "TP comm", "PP bubble",
+         "exposed DP", "MFU", "memory (GiB)"],
+        [
+            [r.tp, r.pp, r.dp, r.details["training"]["micro_batch"], r.details["training"]["recompute"],
+             f"{r.step_s:.3f}", f"{r.compute_s:.3f}", f"{r.tp_comm_s:.3f}", f"{r.pp_bubble_s:.3f}",
+             f"{r.exposed_dp_s:.3f}", f"{r.mfu:.1%}", f"{r.memory['total_GiB']:.1f}"]
+            for r in rows[: 10 if search else 1]
+        ],
+    )  # fmt: skip
+    best = rows[0]
+    if search:
+        console.print(f"{len(rows)} configurations fit; the fastest is first", highlight=False)
+    shares = ", ".join(
+        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in best.breakdown.items()
+    )
+    mem = best.memory
+    console.print(
+        f"where the time goes: {shares}; {best.details['tflops_per_gpu']:.0f} TFLOP/s per GPU counting "
+        f"recompute; memory per GPU: weights, gradients and Adam "
+        f"{mem['weights_grads_optimizer_GiB']:.1f} GiB "
+        f"+ activations {mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
+        highlight=False,
+    )
+    if not best.memory["fits"]:
+        console.print(
+            f"warning: does not fit: {best.memory['total_GiB']:.1f} GiB per GPU "
+            f"(weights, gradients and Adam {best.memory['weights_grads_optimizer_GiB']:.1f}, activations "
+            f"{best.memory['activations_GiB']:.1f}) > {best.memory['capacity_GiB']:.0f} GiB on a {gpu.name}; "
+            "raise --tp or --pp, use --recompute full, or lower --micro-batch",
+            highlight=False,
+        )

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import print_table, write_json
+from ringtree.cli.output import check_output, print_table, write_json
 from ringtree.units import format_size, parse_size
 
 SWEEPS = ("sizes", "nodes")
+DEFAULT_PLOT = Path("sim-sweep.png")
+DEFAULT_CALIBRATION = Path("machine.json")
+# Replaying more ranks than this takes minutes (millions of messages): refused with a hint.
+REPLAY_MAX_RANKS = 1024
 
 from ringtree.cli import plan as _plan  # noqa: E402, F401  (registers `ringtree plan`)
 
@@ -20,10 +25,15 @@ from ringtree.cli import plan as _plan  # noqa: E402, F401  (registers `ringtree
 def sim(
     algorithm: str = typer.Option("ring", help="All-reduce algorithm(s), comma-separated, or 'all'."),
     nodes: int = typer.Option(1, help="Nodes (the largest count with --sweep nodes)."),
-    gpus_per_node: int = typer.Option(8, help="Devices per node."),
+    gpus_per_node: int | None = typer.Option(None, help="Devices per node (default 8, or the --cluster's)."),
     intra: str | None = typer.Option(None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'."),
     inter: str | None = typer.Option(None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'."),
-    nics_per_node: int = typer.Option(1, help="NICs per node; device j uses NIC j mod this."),
+    nics_per_node: int | None = typer.Option(
+        None, help="NICs per node; device j uses NIC j mod this (default 1, or the calibration's)."
+    ),
+    cluster_name: str | None = typer.Option(
+        None, "--cluster", help="A cluster preset (dgx-a100, p4d.24xlarge, eth-10g, ...); links override it."
+    ),
     nbytes: str = typer.Option("64M", "--bytes", help="All-reduce size, e.g. 8, 4K, 64M."),
     method: str = typer.Option("auto", help="closed-form, replay, or auto (replay up to 64 ranks)."),
     calibration: Path | None = typer.Option(None, help="A `ringtree calibrate` file for unnamed links."),
@@ -33,15 +43,30 @@ def sim(
     min_bytes: str = typer.Option("8", help="Smallest size of --sweep sizes."),
     max_bytes: str = typer.Option("1G", help="Largest size of --sweep sizes."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON here."),
-    plot: Path | None = typer.Option(None, help="PNG of a sweep (default: sim-sweep.png with --sweep)."),
+    plot: Path | None = typer.Option(
+        None, help="PNG of a sweep (default: sim-sweep.png with --sweep, if no such file exists)."
+    ),
 ) -> None:
-    """Predict all-reduce time on a modelled cluster; --sweep over sizes or node counts."""
-    from ringtree.sim import ALGORITHMS, allreduce_time, make_cluster
+    """Predict all-reduce time on a modelled cluster; --sweep over sizes or node counts.
+
+    `native` on a GPU cluster (NVLink or PCIe intra link, or an nccl-tests calibration) is NCCL:
+    the table shows the algorithm and protocol NCCL's cost model picks, and where the pick changes.
+    """
+    from ringtree.sim import ALGORITHMS, allreduce_time
 
     try:
         algorithms = list(ALGORITHMS) if algorithm == "all" else [a.strip() for a in algorithm.split(",")]
-        base = make_cluster(nodes, gpus_per_node, intra, inter, calibration, nics_per_node)
+        base = _cluster(cluster_name, nodes, gpus_per_node, intra, inter, calibration, nics_per_node)
         points = _points(sweep, nodes, parse_size(nbytes), parse_size(min_bytes), parse_size(max_bytes))
+        ranks = max(n for n, _ in points) * base.gpus_per_node
+        if method == "replay" and ranks > REPLAY_MAX_RANKS:
+            raise ValueError(
+                f"--method replay of {ranks} ranks would take minutes "
+                f"(at most {REPLAY_MAX_RANKS}); use --method auto or closed-form instead"
+            )
+        path = _plot_path(sweep, plot)
+        check_output(json_path, "--json")
+        check_output(path, "--plot")
         rows = [
             _row(allreduce_time(a, base.with_nodes(n), size, method), base.with_nodes(n), size)
             for n, size in points
@@ -50,14 +75,44 @@ def sim(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _print_rows(rows, base)
+    if "native" in algorithms:
+        _print_crossovers(base, sorted({n for n, _ in points}))
     if json_path is not None:
         write_json(json_path, rows)
-    if sweep is not None:
+    if path is not None:
         from ringtree.plots import plot_sim_sweep
 
-        path = plot or Path("sim-sweep.png")
         plot_sim_sweep(rows, "ranks" if sweep == "nodes" else "bytes", path, _title(base))
         typer.echo(f"wrote {path}")
+
+
+def _plot_path(sweep: str | None, plot: Path | None) -> Path | None:
+    """Where a sweep's PNG goes: --plot, else the default name only when no such file exists yet."""
+    if sweep is None:
+        if plot is not None:
+            raise ValueError("--plot needs --sweep sizes or --sweep nodes (a single point has no plot)")
+        return None
+    if plot is None and DEFAULT_PLOT.exists():
+        raise ValueError(
+            f"{DEFAULT_PLOT} already exists and was not named; pass --plot FILE "
+            f"(or --plot {DEFAULT_PLOT} to replace it)"
+        )
+    return plot or DEFAULT_PLOT
+
+
+def _cluster(
+    name: str | None,
+    nodes: int,
+    gpus_per_node: int | None,
+    intra: str | None,
+    inter: str | None,
+    calibration: Path | None,
+    nics_per_node: int | None,
+) -> Any:
+    """The plain links of the options, or a --cluster preset with the links the options name."""
+    from ringtree.cli.plan import ClusterOptions
+
+    return ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, name, calibration).cluster()
 
 
 def _points(sweep: str | None, nodes: int, nbytes: int, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -80,7 +135,7 @@ def _points(sweep: str | None, nodes: int, nbytes: int, lo: int, hi: int) -> lis
 def _row(est: Any, cluster: Any, nbytes: int) -> dict[str, Any]:
     algbw = nbytes / est.seconds / 1e9 if est.seconds > 0 else 0.0
     p = cluster.ranks
-    return {
+    row = {
         "algorithm": est.algorithm,
         "ranks": p,
         "nodes": cluster.nodes,
@@ -91,6 +146,9 @@ def _row(est: Any, cluster: Any, nbytes: int) -> dict[str, Any]:
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * 2 * (p - 1) / p,
     }
+    if est.nccl:
+        row["nccl_choice"] = est.nccl
+    return row
 
 
 def _print_rows(rows: list[dict[str, Any]], cluster: Any) -> None:
@@ -105,11 +163,29 @@ def _print_rows(rows: list[dict[str, Any]], cluster: Any) -> None:
                 f"{r['time_s'] * 1e6:.1f}",
                 f"{r['algbw_gbps']:.3f}",
                 f"{r['busbw_gbps']:.3f}",
-                r["method"],
+                f"{r['method']} {r['nccl_choice']}" if "nccl_choice" in r else r["method"],
             ]
             for r in rows
         ],
     )
+
+
+def _print_crossovers(cluster: Any, node_counts: list[int]) -> None:
+    """Where NCCL's pick of algorithm/protocol changes, from 8 B to 8 GiB, per node count."""
+    from ringtree.sim import nccl_model
+
+    tuning = nccl_model.tuning_for(cluster)
+    if tuning is None or cluster.ranks < 2:
+        return
+    for n in node_counts:
+        p = n * cluster.gpus_per_node
+        if p < 2:
+            continue
+        first = nccl_model.choose(tuning.system, p, n, 8).label
+        steps = [f"{first} from 8B"] + [
+            f"{new} from {format_size(size)}" for size, _, new in nccl_model.crossovers(tuning.system, p, n)
+        ]
+        typer.echo(f"# NCCL's pick on {n} node(s) x {cluster.gpus_per_node}: " + ", ".join(steps))
 
 
 def _title(cluster: Any) -> str:
@@ -121,40 +197,150 @@ def _title(cluster: Any) -> str:
 
 @app.command()
 def calibrate(
-    bench_json: Path = typer.Argument(..., help="Rows written by `ringtree bench --json`."),
-    out: Path = typer.Option(Path("machine.json"), help="Where to write the fitted alpha, beta, gamma."),
+    files: list[Path] = typer.Argument(
+        ..., help="`ringtree bench --json` files and/or nccl-tests all_reduce_perf logs, in any mix."
+    ),
+    out: Path | None = typer.Option(
+        None, help="Where to write the fit (default machine.json, if no such file exists)."
+    ),
+    inter: str | None = typer.Option(
+        None, help="NIC of multi-node nccl-tests logs (default ib-hdr, ib-ndr for Hopper and later)."
+    ),
+    nics_per_node: int | None = typer.Option(
+        None, help="NICs per node of multi-node nccl-tests logs (default one per GPU)."
+    ),
 ) -> None:
-    """Fit alpha, beta and gamma to measured all-reduce times; use the result with --calibration."""
+    """Fit the simulator to measured all-reduce times; use the result with --calibration.
+
+    Bench rows fit alpha, beta and gamma of the closed form (an intra- and an inter-node link when
+    rows come from several nodes); nccl-tests logs fit corrections to NCCL's own cost model.
+    """
     from ringtree.sim import calibrate as cal
-    from ringtree.sim.closed_form import estimate
-    from ringtree.sim.hardware import Cluster
+    from ringtree.sim import nccl_fit
+    from ringtree.sim.hardware import parse_link
+    from ringtree.sim.presets import INTER
 
     try:
-        rows = cal.load_rows(bench_json)
-        fitted = cal.fit(rows)
-    except (ValueError, OSError) as e:
+        if nics_per_node is not None and nics_per_node < 1:
+            raise ValueError(f"--nics-per-node must be at least 1, got {nics_per_node}")
+        target = _calibration_target(out, files)
+        bench_rows: list[dict[str, Any]] = []
+        nccl_rows: list[dict[str, Any]] = []
+        for f in files:
+            b, n = cal.read_measurements(f)
+            bench_rows += b
+            nccl_rows += n
+        nic = parse_link(inter, INTER) if inter else None
+        if nic is not None and not nccl_rows:
+            raise ValueError("--inter describes the NICs of nccl-tests logs; none was given")
+        nccl = nccl_fit.fit(nccl_rows, nic, nics_per_node) if nccl_rows else None
+        fitted = cal.fit(bench_rows) if bench_rows else _from_nccl(nccl)
+    except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    write_json(out, {**fitted.as_dict(), "source": str(bench_json)})
-    cluster = Cluster(1, fitted.world_size, fitted.link, fitted.link, fitted.gamma_s_per_byte)
+    if nccl is not None:
+        # with bench rows too, ringtree's own algorithms keep the bench-fitted links
+        fitted = replace(fitted, nccl={**nccl, "links_from_bench": bool(bench_rows)})
+    write_json(target, {**fitted.as_dict(), "source": [str(f) for f in files]})
+    if bench_rows:
+        _print_bench_fit(fitted, bench_rows, target)
+    if nccl is not None:
+        _print_nccl_fit(nccl, target)
+
+
+def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
+    """--out, or machine.json when it does not exist yet; never one of the inputs."""
+    if out is None and DEFAULT_CALIBRATION.exists():
+        raise ValueError(
+            f"{DEFAULT_CALIBRATION} already exists and was not named; pass --out FILE "
+            f"(or --out {DEFAULT_CALIBRATION} to replace it)"
+        )
+    target = out or DEFAULT_CALIBRATION
+    check_output(target, "--out")
+    if any(target.resolve() == f.resolve() for f in inputs):
+        raise ValueError(f"--out {target} is one of the input files; write the fit to another file")
+    return target
+
+
+def _from_nccl(nccl: Any) -> Any:
+    """The one-level Calibration fields of an nccl-tests-only fit: its corrected intra-node link."""
+    from ringtree.sim.calibrate import Calibration, LevelFit
+    from ringtree.sim.nccl_model import HW_LAT
+
+    c, intra = nccl["corrections"], nccl["intra"]
+    levels = {k: LevelFit(**v) for k, v in nccl["levels"].items()}
+    return Calibration(
+        HW_LAT["nvlink"]["ring"][2] * 1e-6 * c["latency_intra"],
+        c["transfer_intra"] / intra["bandwidth_Bps"],
+        0.0,  # NCCL's model has no separate reduction cost: it is in the measured bandwidth
+        max(int(r["world_size"]) for r in nccl["table"]),
+        nccl["rows"],
+        nccl["rms_rel_error"],
+        nccl["max_rel_error"],
+        levels=levels,
+    )
+
+
+def _print_bench_fit(fitted: Any, rows: list[dict[str, Any]], out: Path) -> None:
+    import numpy as np
+
+    from ringtree.sim.calibrate import model_time
+
+    values = [fitted.alpha_s, fitted.beta_s_per_byte]
+    if fitted.inter_alpha_s is not None:
+        values += [fitted.inter_alpha_s, fitted.inter_beta_s_per_byte]
+    theta = np.array([*values, fitted.gamma_s_per_byte])
     table = []
     for r in rows:
-        if r.get("collective") == "all_reduce" and r["bytes"] > 0:
-            predicted = estimate(
-                r["algorithm"], cluster, r["bytes"], max(1, r["bytes"] // max(1, r["count"]))
-            )
+        if r.get("collective") == "all_reduce" and r["bytes"] > 0 and r["time_us"] > 0:
+            predicted = model_time(r, theta) * 1e6
+            nodes = r.get("nodes", 1)
             table.append(
-                [
-                    r["algorithm"],
-                    format_size(r["bytes"]),
-                    f"{r['time_us']:.1f}",
-                    f"{predicted * 1e6:.1f}",
-                    f"{(predicted * 1e6 / r['time_us'] - 1) * 100:+.1f}",
-                ]
-            )
+                [r["algorithm"], f"{nodes}x{r['world_size'] // nodes}", format_size(r["bytes"]),
+                 f"{r['time_us']:.1f}", f"{predicted:.1f}", f"{(predicted / r['time_us'] - 1) * 100:+.1f}"]
+            )  # fmt: skip
+    links = f"alpha={fitted.alpha_s * 1e6:.2f} us, bandwidth={fitted.link.bandwidth_Bps / 1e9:.3f} GB/s"
+    if fitted.inter_link is not None:
+        links = f"intra {links}; inter alpha={fitted.inter_alpha_s * 1e6:.2f} us, " + (
+            f"bandwidth={fitted.inter_link.bandwidth_Bps / 1e9:.3f} GB/s"
+        )
     print_table(
-        f"ringtree calibrate: alpha={fitted.alpha_s * 1e6:.2f} us, "
-        f"bandwidth={fitted.link.bandwidth_Bps / 1e9:.3f} GB/s, gamma={fitted.gamma_s_per_byte:.3g} s/B "
-        f"(rms error {fitted.rms_rel_error:.1%}) -> {out}",
-        ["algorithm", "size", "measured (us)", "fitted (us)", "error %"],
+        f"ringtree calibrate: {links}, gamma={fitted.gamma_s_per_byte:.3g} s/B "
+        f"({_residuals(fitted.levels)}) -> {out}",
+        ["algorithm", "shape", "size", "measured (us)", "fitted (us)", "error %"],
         table,
+    )
+
+
+NCCL_FIT_COLUMNS = (
+    "log", "ranks", "nodes", "size", "measured (us)", "NCCL pick", "NCCL model (us)", "fitted (us)", "error %"
+)  # fmt: skip
+
+
+def _print_nccl_fit(nccl: dict[str, Any], out: Path) -> None:
+    c = nccl["corrections"]
+    system = nccl["system"]
+    print_table(
+        f"ringtree calibrate: NCCL model, {system['generation']} {system['fabric']} "
+        f"({system['intra_bus_GBps']:.0f} GB/s bus, {system['channels']} channels), "
+        f"{nccl['nics_per_node']} x {nccl['inter']['name']} per node; corrections "
+        + ", ".join(f"{k} x{v:.2f}" for k, v in c.items())
+        + f" ({_residuals_dict(nccl['levels'])}) -> {out}",
+        NCCL_FIT_COLUMNS,
+        [
+            [Path(r["file"]).name, r["world_size"], r["nodes"], format_size(r["bytes"]),
+             f"{r['measured_us']:.1f}", r["nccl_choice"], f"{r['nccl_model_us']:.1f}",
+             f"{r['fitted_us']:.1f}",
+             f"{(r['fitted_us'] / r['measured_us'] - 1) * 100:+.1f}"]
+            for r in nccl["table"]
+        ],
+    )  # fmt: skip
+
+
+def _residuals(levels: dict[str, Any]) -> str:
+    return _residuals_dict({k: v.__dict__ for k, v in levels.items()})
+
+
+def _residuals_dict(levels: dict[str, dict[str, Any]]) -> str:
+    return "; ".join(
+        f"{name}: rms error {v['rms_rel_error']:.1%} over {v['rows']} rows" for name, v in levels.items()
     )

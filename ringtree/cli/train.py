@@ -1,137 +1,151 @@
-"""`ringtree train`: data-parallel training on the digits, locally (--nproc) or under torchrun."""
+"""`ringtree train`: one trainer for DP x TP x PP, locally (--nproc) or under torchrun.
+
+The options are not written here: they are generated from the fields of TrainConfig (its type,
+default and help text), with typer, which every other ringtree command already uses. Generating
+typer options from the dataclass keeps one CLI library in the app and no new dependency, where
+tyro or jsonargparse would bring a second argument parser with its own help layout and error
+style (ringtree's refusals are one sentence and exit code 2). `--config FILE` (YAML or JSON)
+fills the fields first; any flag given on the command line overrides the file.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import os
+import typing
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from typer.core import TyperCommand
 
 from ringtree.cli.app import app
-from ringtree.cli.output import print_environment, print_table, write_json
+from ringtree.cli.output import check_output, print_environment, print_table, write_json
 
 if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` starts fast
     from ringtree.train import RankResult, TrainConfig
 
+# Options of the command itself, not of the training (they pick where it runs and what it writes).
+_COMMAND_OPTIONS = [
+    ("nproc", int, typer.Option(4, help="Local processes to spawn (ignored under torchrun).")),
+    ("config", Path | None, typer.Option(None, help="YAML or JSON file of options; flags override it.")),
+    ("trace", Path | None, typer.Option(None, help="Write a Chrome-trace timeline (Perfetto) here.")),
+    ("json_path", Path | None, typer.Option(None, "--json", help="Write the summary as JSON here.")),
+    (
+        "calibration",
+        Path | None,
+        typer.Option(None, help="A `ringtree calibrate` file: adds the predicted step time."),
+    ),
+]
 
-@app.command()
-def train(
-    nproc: int = typer.Option(4, help="Local processes to spawn (ignored under torchrun)."),
-    model: str = typer.Option("mlp", help="mlp, mlp-tiny (a distillation student) or vit."),
-    mode: str = typer.Option("ddp", help="ddp (bucketed all-reduce) or dp (rank 0 reduces and broadcasts)."),
-    algorithm: str = typer.Option("ring", help="All-reduce algorithm: native, ring, tree, ps, bfb, ..."),
-    bucket_mb: float = typer.Option(25.0, help="Fusion bucket cap in MB."),
-    compression: str = typer.Option("none", help="none, fp16 or bf16 for the buckets on the wire."),
-    overlap: bool = typer.Option(True, help="Launch buckets during backward (--no-overlap: after it)."),
-    batch_size: int = typer.Option(32, help="Samples per rank and micro-batch."),
-    epochs: int = typer.Option(20, help="Passes over the training split."),
-    lr: float = typer.Option(3e-3, help="AdamW learning rate."),
-    seed: int = typer.Option(0, help="Model init and shuffling seed."),
-    accumulate: int = typer.Option(1, help="Micro-batches per optimizer step (gradient accumulation)."),
-    checkpoint_dir: Path | None = typer.Option(None, help="Write checkpoints (last.pt) here."),
-    checkpoint_every: int = typer.Option(0, help="Optimizer steps between checkpoints; 0: every epoch."),
-    resume: bool = typer.Option(False, help="Continue from --checkpoint-dir's last checkpoint."),
-    timeout: float = typer.Option(60.0, help="Seconds before a stuck collective raises."),
-    progress: bool = typer.Option(True, help="Show rank 0's progress bar."),
-    checkpoint_activations: bool = typer.Option(
-        False, help="Recompute activations in backward instead of keeping them (less memory, more compute)."
-    ),
-    checkpoint_segments: int = typer.Option(0, help="Checkpointed segments; 0: about sqrt(blocks)."),
-    amp: str = typer.Option("off", help="Mixed precision: off, bf16 (autocast on CPU) or fp16 (CUDA only)."),
-    teacher: Path | None = typer.Option(None, help="Distil from a --checkpoint-dir checkpoint (file, dir)."),
-    distill_temperature: float = typer.Option(2.0, help="Softmax temperature T of the distillation loss."),
-    distill_alpha: float = typer.Option(0.5, help="Weight of the teacher's soft loss (1 - A on the labels)."),
-    prefetch: bool = typer.Option(False, help="Prepare the next batch on a thread while this one computes."),
-    tp: int = typer.Option(1, help="Tensor-parallel ranks per vit replica (world = dp x tp); 1: none."),
-    pp: int = typer.Option(1, help="Pipeline stages per model replica (world = dp x pp); 1: no pipeline."),
-    micro_batches: int = typer.Option(4, help="Micro-batches per pipeline step (gpipe, 1f1b)."),
-    schedule: str = typer.Option("1f1b", help="Pipeline schedule: gpipe, 1f1b, pipedream or pipedream-vs."),
-    pp_balance: str = typer.Option("params", help="Cut pipeline stages by params or profiled time."),
-    trace: Path | None = typer.Option(None, help="Write a Chrome-trace timeline (Perfetto) here."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the summary as JSON here."),
-    calibration: Path | None = typer.Option(
-        None, help="A `ringtree calibrate` file of this machine: adds the planner's predicted step time."
-    ),
-) -> None:
-    """Train a model on the 8x8 digits with data parallelism and report accuracy and throughput."""
-    from ringtree.train import TrainConfig
+
+def _config_parameters() -> list[inspect.Parameter]:
+    """One typer option per TrainConfig field: its flag, type, default and help."""
+    from ringtree.train import config
+
+    hints = typing.get_type_hints(config.TrainConfig)
+    params = []
+    for f in fields(config.TrainConfig):
+        flag = config.flag(f.name)
+        kind = hints[f.name]
+        switch = (bool in typing.get_args(kind) or kind is bool) and f.default is not False
+        decls = [f"{flag}/--no-{flag[2:]}"] if switch else [flag]
+        default = None if f.default is MISSING else f.default
+        option = typer.Option(default, *decls, help=f.metadata["help"], show_default=default is not None)
+        params.append(
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+        )
+    return params
+
+
+def train(ctx: typer.Context, **options: Any) -> None:
+    """Train a model (the digits by default) with data, tensor and pipeline parallelism."""
     from ringtree.train.planning import predicted_step_time
 
-    try:
-        cfg = TrainConfig(
-            model=model,
-            mode=mode,
-            algorithm=algorithm,
-            bucket_mb=bucket_mb,
-            compression=None if compression == "none" else compression,
-            overlap=overlap,
-            batch_size=batch_size,
-            epochs=epochs,
-            lr=lr,
-            seed=seed,
-            accumulate=accumulate,
-            checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
-            checkpoint_every=checkpoint_every,
-            resume=resume,
-            timeout_s=timeout,
-            progress=progress,
-            tp=tp,
-            pp=pp,
-            micro_batches=micro_batches,
-            schedule=schedule,
-            pp_balance=pp_balance,
-            checkpoint_activations=checkpoint_activations,
-            checkpoint_segments=checkpoint_segments,
-            amp=amp,
-            teacher=None if teacher is None else str(teacher),
-            distill_temperature=distill_temperature,
-            distill_alpha=distill_alpha,
-            prefetch=prefetch,
-        )
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+    nproc, trace, json_path = options.pop("nproc"), options.pop("trace"), options.pop("json_path")
+    calibration, config_file = options.pop("calibration"), options.pop("config")
+    check_output(json_path, "--json")
+    check_output(trace, "--trace")
+    cfg = _config(ctx, options, config_file, nproc)
     results = _run(cfg, nproc, trace is not None)
     if results is None:
         return  # a non-zero rank under torchrun: rank 0 reports
-    summary = {
-        **results[0].summary,
-        "predicted_step_time_s": predicted_step_time(results[0].summary, calibration),
-    }
+    summary = results[0].summary
+    summary["predicted_step_time_s"] = predicted_step_time(summary, calibration)
     _report(summary, results, trace, json_path)
 
 
-def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None:
-    """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise spawn."""
-    from ringtree.launch import run_under_torchrun, spawn, under_torchrun
+def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None, nproc: int) -> TrainConfig:
+    """The file's options, then the flags given on the command line; refused (exit 2) if invalid."""
+    from ringtree.launch import under_torchrun
+    from ringtree.train import TrainConfig
+    from ringtree.train.config import check_world, load_file
+    from ringtree.train.trainer import preflight
 
-    train_rank = _trainer(cfg)
+    given = {
+        name: value
+        for name, value in flags.items()
+        if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"
+    }
+    try:
+        from_file = load_file(config_file) if config_file is not None else {}
+        cfg = TrainConfig(**(from_file | given))
+        check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
+        _check_restarts(cfg)
+        preflight(cfg)
+    except (ValueError, TypeError) as e:
+        raise typer.BadParameter(str(e)) from None
+    return cfg
+
+
+def _check_restarts(cfg: TrainConfig) -> None:
+    """Under torchrun its agent restarts the workers: --max-restarts must be torchrun's own."""
+    from ringtree.launch import under_torchrun
+
+    agent = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    if cfg.max_restarts and under_torchrun() and agent is not None and int(agent) != cfg.max_restarts:
+        raise ValueError(
+            f"--max-restarts {cfg.max_restarts} but torchrun was started with --max-restarts {agent}: "
+            f"torchrun's agent restarts the workers, so pass --max-restarts {cfg.max_restarts} to torchrun"
+        )
+
+
+def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None:
+    """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise start
+    nproc local workers under torch's elastic agent, the one torchrun runs, so that a killed worker
+    is restarted (--max-restarts) exactly as on a cluster."""
+    from ringtree.launch import default_backend, elastic_spawn, run_under_torchrun, under_torchrun
+    from ringtree.train.config import device_type
+
+    backend = default_backend(device_type(cfg))
     if under_torchrun():
         gathered: list[RankResult] | None = run_under_torchrun(
-            _train_and_gather, (cfg, tracing), backend="gloo", timeout_s=cfg.timeout_s
+            _train_and_gather, (cfg, tracing), backend=backend, timeout_s=cfg.get("timeout_s")
         )
         return gathered
-    if nproc < 1:
-        raise typer.BadParameter(f"--nproc must be at least 1, got {nproc}")
-    results: list[RankResult] = spawn(
-        train_rank, nproc, (cfg, tracing), timeout_s=24 * 3600.0, collective_timeout_s=cfg.timeout_s
+    results: list[RankResult] = elastic_spawn(
+        _train_rank,
+        nproc,
+        (cfg, tracing),
+        max_restarts=cfg.max_restarts,
+        backend=backend,
+        collective_timeout_s=cfg.get("timeout_s"),
     )
     return results
 
 
-def _trainer(cfg: TrainConfig) -> Callable[[int, TrainConfig, bool], RankResult]:
-    """The data-parallel trainer, or the pipeline trainer when --pp > 1."""
-    from ringtree.train import train as train_ddp
-    from ringtree.train.pipeline_trainer import train_pipeline
+def _train_rank(rank: int, cfg: TrainConfig, tracing: bool) -> RankResult:
+    from ringtree.train import Trainer
 
-    return train_pipeline if cfg.pp > 1 else train_ddp
+    return Trainer.from_config(cfg, trace=tracing).run()
 
 
 def _train_and_gather(rank: int, cfg: TrainConfig, tracing: bool) -> list[RankResult] | None:
     """Train this rank of a torchrun world; rank 0 gets every rank's result."""
     import torch.distributed as dist
 
-    mine = _trainer(cfg)(rank, cfg, tracing)
+    mine = _train_rank(rank, cfg, tracing)
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return every if rank == 0 else None
@@ -142,26 +156,45 @@ def _report(
 ) -> None:
     from ringtree.bench import environment
     from ringtree.train import trace as chrome
-    from ringtree.train.metrics import SUMMARY_KEYS
-    from ringtree.train.pipeline_trainer import PIPELINE_KEYS
+    from ringtree.train.summary import rows
 
     print_environment(
         {
             **environment(),
-            "backend": "gloo",
+            "backend": summary["backend"],
             "world_size": summary["world_size"],
             "local_world_size": summary["world_size"] // summary["nodes"],
         }
     )
-    keys = [k for k in (*SUMMARY_KEYS, *PIPELINE_KEYS) if k in summary]  # PIPELINE_KEYS with --pp only
-    print_table("ringtree train", ["metric", "value"], [[k, _fmt(summary[k])] for k in keys])
+    print_table("ringtree train", ["metric", "value"], rows(summary))
     if json_path is not None:
-        write_json(json_path, {k: summary[k] for k in keys})
+        write_json(json_path, summary)
+        print(f"# wrote the summary to {json_path}")
     if trace is not None:
         chrome.write(trace, [e for r in results for e in r.events])
+        print(f"# wrote the trace to {trace}")
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "null" if value is None else str(value)
+def _register() -> None:
+    params = [
+        inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+        *(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+            for name, kind, option in _COMMAND_OPTIONS
+        ),
+        *_config_parameters(),
+    ]
+    train.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    app.command(cls=_PlainHelp, context_settings={"max_content_width": 80})(train)
+
+
+class _PlainHelp(TyperCommand):
+    """click's plain help: every option name in full and its text wrapped below it, within 80 columns
+    (rich's table cuts long option names such as --checkpoint-activations)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rich_markup_mode = None
+
+
+_register()

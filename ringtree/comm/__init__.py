@@ -10,6 +10,7 @@ from ringtree.comm.collectives import (
     reduce_scatter,
 )
 from ringtree.comm.errors import CollectiveError, MismatchError
+from ringtree.comm.hook import comm_hook
 from ringtree.comm.reduce_ops import DTYPES, OPS
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "broadcast",
+    "comm_hook",
     "reduce",
     "reduce_scatter",
 ]

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree import schedules
+from ringtree.comm import flight_recorder
 from ringtree.comm.errors import CollectiveError, MismatchError
 from ringtree.comm.executor import execute
 from ringtree.comm.reduce_ops import COMBINE, DTYPES, OPS, TORCH_OP, check_op
@@ -20,6 +21,7 @@ from ringtree.topology import Topology
 
 DEFAULT_TIMEOUT_S = 60.0
 NATIVE = "native"
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 
 
 def algorithms(collective: str = "all_reduce") -> list[str]:
@@ -43,15 +45,16 @@ def all_reduce(
     element count, dtype, op and algorithm, and raises MismatchError on every rank if not.
     """
     call = _Call("all_reduce", algorithm, tensor, op, group, topology, timeout_s)
-    if validate:
-        call.handshake()
-    with _contiguous(tensor) as flat:
-        if algorithm == NATIVE:
-            call.wait_native(dist.all_reduce(flat, op=TORCH_OP[op], group=group, async_op=True), "native")
-        else:
-            call.run(flat)
-            call.finish_avg(flat)
-    return tensor
+    with call:
+        if validate:
+            call.handshake()
+        with _contiguous(tensor) as flat:
+            if algorithm == NATIVE:
+                call.wait_native(dist.all_reduce(flat, op=TORCH_OP[op], group=group, async_op=True), "native")
+            else:
+                call.run(flat)
+                call.finish_avg(flat)
+        return tensor
 
 
 def reduce_scatter(
@@ -67,22 +70,23 @@ def reduce_scatter(
     """Reduce `input` (p times output's size) across ranks; rank i gets reduced block i in `output`."""
     call = _Call("reduce_scatter", algorithm, input, op, group, None, timeout_s)
     _check_blocks(call, output, input)
-    if validate:
-        call.handshake()
-    if algorithm == NATIVE:
-        with _contiguous(output) as out:
-            work = dist.reduce_scatter_tensor(
-                out, input.contiguous(), op=TORCH_OP[op], group=group, async_op=True
-            )
-            call.wait_native(work, "native")
+    with call:
+        if validate:
+            call.handshake()
+        if algorithm == NATIVE:
+            with _contiguous(output) as out:
+                work = dist.reduce_scatter_tensor(
+                    out, input.contiguous(), op=TORCH_OP[op], group=group, async_op=True
+                )
+                call.wait_native(work, "native")
+            return output
+        work = input.contiguous().view(-1).clone()
+        call.run(work)
+        n = output.numel()
+        block = work[call.rank * n : (call.rank + 1) * n]
+        call.finish_avg(block)
+        output.copy_(block.view_as(output))
         return output
-    work = input.contiguous().view(-1).clone()
-    call.run(work)
-    n = output.numel()
-    block = work[call.rank * n : (call.rank + 1) * n]
-    call.finish_avg(block)
-    output.copy_(block.view_as(output))
-    return output
 
 
 def all_gather(
@@ -97,17 +101,20 @@ def all_gather(
     """Concatenate every rank's `input` into `output` (p times input's size), in rank order."""
     call = _Call("all_gather", algorithm, output, "sum", group, None, timeout_s)
     _check_blocks(call, input, output)
-    if validate:
-        call.handshake()
-    with _contiguous(output) as flat:
-        n = input.numel()
-        if algorithm == NATIVE:
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            call.wait_native(gather(flat, input.contiguous().view(-1), group=group, async_op=True), "native")
-        else:
-            flat[call.rank * n : (call.rank + 1) * n].copy_(input.reshape(-1))
-            call.run(flat)
-    return output
+    with call:
+        if validate:
+            call.handshake()
+        with _contiguous(output) as flat:
+            n = input.numel()
+            if algorithm == NATIVE:
+                gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+                call.wait_native(
+                    gather(flat, input.contiguous().view(-1), group=group, async_op=True), "native"
+                )
+            else:
+                flat[call.rank * n : (call.rank + 1) * n].copy_(input.reshape(-1))
+                call.run(flat)
+        return output
 
 
 def broadcast(
@@ -121,14 +128,15 @@ def broadcast(
 ) -> torch.Tensor:
     """Copy `tensor` from global rank `src` to every rank of the group, in place."""
     call = _Call("broadcast", algorithm, tensor, "sum", group, None, timeout_s, root=src)
-    if validate:
-        call.handshake()
-    with _contiguous(tensor) as flat:
-        if algorithm == NATIVE:
-            call.wait_native(dist.broadcast(flat, src, group=group, async_op=True), "native")
-        else:
-            call.run(flat)
-    return tensor
+    with call:
+        if validate:
+            call.handshake()
+        with _contiguous(tensor) as flat:
+            if algorithm == NATIVE:
+                call.wait_native(dist.broadcast(flat, src, group=group, async_op=True), "native")
+            else:
+                call.run(flat)
+        return tensor
 
 
 def reduce(
@@ -143,16 +151,19 @@ def reduce(
 ) -> torch.Tensor:
     """Reduce `tensor` onto global rank `dst` in place; other ranks' tensors hold partial data."""
     call = _Call("reduce", algorithm, tensor, op, group, None, timeout_s, root=dst)
-    if validate:
-        call.handshake()
-    with _contiguous(tensor) as flat:
-        if algorithm == NATIVE:
-            call.wait_native(dist.reduce(flat, dst, op=TORCH_OP[op], group=group, async_op=True), "native")
-        else:
-            call.run(flat)
-            if call.rank == call.root:
-                call.finish_avg(flat)
-    return tensor
+    with call:
+        if validate:
+            call.handshake()
+        with _contiguous(tensor) as flat:
+            if algorithm == NATIVE:
+                call.wait_native(
+                    dist.reduce(flat, dst, op=TORCH_OP[op], group=group, async_op=True), "native"
+                )
+            else:
+                call.run(flat)
+                if call.rank == call.root:
+                    call.finish_avg(flat)
+        return tensor
 
 
 class _Call:
@@ -199,6 +210,27 @@ class _Call:
                 f"topology has {self.topology.world_size} ranks but the group has {self.world_size}"
             )
 
+    def __enter__(self) -> _Call:
+        """Record the call in the flight recorder (its sequence number joins the handshake)."""
+        self.record = flight_recorder.RECORDER.begin(
+            self.collective,
+            self.algorithm,
+            self.tensor.numel(),
+            str(self.tensor.dtype).removeprefix("torch."),
+            self.peers,
+        )
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        """A failed or timed-out collective names its culprit from every rank's record."""
+        if error is None:
+            flight_recorder.RECORDER.end(self.record, "completed")
+        elif isinstance(error, CollectiveError):
+            why = flight_recorder.diagnose(self.record, dist.get_rank())
+            raise CollectiveError(f"{error} {why}", peer=error.peer) from error
+        else:
+            flight_recorder.RECORDER.end(self.record, "failed")
+
     def run(self, flat: torch.Tensor) -> None:
         if self.world_size == 1 or flat.numel() == 0:
             return
@@ -242,10 +274,13 @@ class _Call:
             flat.div_(self.world_size)
 
     def handshake(self) -> None:
-        """All-gather (count, dtype, op, algorithm, root) and raise on every rank if they differ."""
+        """All-gather (collective, sequence number, count, dtype, op, algorithm, root) and raise
+        on every rank if they differ: a rank that skipped or reordered a collective is named here."""
         if self.world_size == 1:
             return
         fields = {
+            "collective": COLLECTIVES.index(self.collective),
+            "sequence number": self.record.seq,
             "element count": self.tensor.numel(),
             "dtype": DTYPES.index(self.tensor.dtype),
             "op": OPS.index(self.op),
@@ -263,6 +298,7 @@ class _Call:
 
     def _mismatch(self, name: str, values: list[int]) -> str:
         names: dict[str, list[str]] = {
+            "collective": list(COLLECTIVES),
             "dtype": [str(d).removeprefix("torch.") for d in DTYPES],
             "op": list(OPS),
             "algorithm": algorithms(self.collective),
@@ -272,9 +308,16 @@ class _Call:
             return names[name][v] if name in names else str(v)
 
         per_rank = ", ".join(f"rank {self.peers[r]}: {decode(v)}" for r, v in enumerate(values))
+        usual = max(set(values), key=values.count)
+        odd = ", ".join(str(self.peers[r]) for r, v in enumerate(values) if v != usual)
+        rule = (
+            "every rank must call the same collectives in the same order"
+            if name in ("collective", "sequence number")
+            else "every rank must pass a tensor of the same size and dtype and the same op and algorithm"
+        )
         return (
             f"{self.collective} called with different {name} on different ranks ({per_rank}); "
-            f"every rank must pass a tensor of the same size and dtype and the same op and algorithm"
+            f"{rule} (rank {odd} differs from the others)"
         )
 
 

@@ -9,8 +9,15 @@ import torch
 import torch.distributed as dist
 
 from ringtree.comm.errors import CollectiveError
+from ringtree.comm.plan import COPY, DIRECT, REDUCE, Plan, compile_plan
 from ringtree.comm.reduce_ops import Combine
 from ringtree.schedules import Op, OpKind, Schedule, Step
+
+# Pipelined execution cuts every op into messages of at most this many bytes: small enough that
+# a piece's reduction overlaps the next piece's transfer and that a "ready to receive" notice
+# never queues long behind data on a socket, large enough that per-message cost stays small.
+PIECE_BYTES = 512 << 10
+PIPELINED = True  # False: every backend runs the batched path (to measure what pipelining buys)
 
 
 def execute(
@@ -26,10 +33,107 @@ def execute(
 ) -> None:
     """Run group rank `rank`'s steps of `schedule` on the flat contiguous tensor `buf` in place.
 
-    `peers[i]` is the global rank of group rank i. Each step posts all its sends and receives
-    at once (batch_isend_irecv), waits for them with `timeout`, then applies the reductions in
-    schedule order, so every rank reduces in the same order and results agree bitwise.
+    `peers[i]` is the global rank of group rank i. On gloo with CPU tensors the steps run
+    pipelined (see `ringtree.comm.plan`); elsewhere (NCCL, whose point-to-point calls must be
+    batched to avoid deadlock) each step posts all its sends and receives at once, waits for
+    them, then applies the reductions. Either way every rank reduces in the same order and
+    results agree bitwise.
     """
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if PIPELINED and buf.device.type == "cpu" and dist.get_backend(pg) == "gloo":
+        _pipelined(buf, schedule, rank, combine, pg, peers, timeout, what)
+    else:
+        _batched(buf, schedule, rank, combine, peers, group, timeout, what)
+
+
+def _pipelined(
+    buf: torch.Tensor,
+    schedule: Schedule,
+    rank: int,
+    combine: Combine,
+    pg: dist.ProcessGroup,
+    peers: list[int],
+    timeout: timedelta,
+    what: str,
+) -> None:
+    plan = _plan(schedule, rank, max(1, PIECE_BYTES // buf.element_size()))
+    scratch = _scratch(plan.scratch_count, buf.dtype, buf.device)
+    steps, n = plan.steps, len(plan.steps)
+    recv_works: list[list[dist.Work] | None] = [None] * n
+    send_works: list[dict[int, dist.Work]] = [{} for _ in range(n)]  # by send piece index
+
+    def post_recvs(t: int) -> None:
+        if t < n and recv_works[t] is None:
+            recv_works[t] = [
+                pg.recv(
+                    [
+                        buf[r.start : r.stop]
+                        if r.mode == DIRECT
+                        else scratch[r.scratch : r.scratch + r.stop - r.start]
+                    ],
+                    r.peer,
+                    r.tag,
+                )
+                for r in steps[t].recvs
+            ]
+
+    def post_sends(t: int, after: int) -> None:
+        if t < n:
+            for k, s in enumerate(steps[t].sends):
+                if s.after == after:
+                    send_works[t][k] = pg.send([buf[s.start : s.stop]], s.peer, s.tag)
+
+    for t in range(min(n, 2)):
+        if t == 0 or steps[t].early:
+            post_recvs(t)
+    post_sends(0, -1)
+    for t in range(n):
+        post_recvs(t)
+        post_sends(t + 1, -1)
+        step, works = steps[t], recv_works[t]
+        assert works is not None
+        for j, (r, work) in enumerate(zip(step.recvs, works, strict=True)):
+            _wait_one(work, r.peer, False, t, n, peers, timeout, what)
+            for k in r.guard:
+                _wait_one(send_works[t][k], step.sends[k].peer, True, t, n, peers, timeout, what)
+            if r.mode != DIRECT:
+                incoming = scratch[r.scratch : r.scratch + r.stop - r.start]
+                if r.mode == REDUCE:
+                    combine(buf[r.start : r.stop], incoming)
+                else:
+                    assert r.mode == COPY
+                    buf[r.start : r.stop].copy_(incoming)
+            post_sends(t + 1, j)
+        for k, work in send_works[t].items():
+            _wait_one(work, step.sends[k].peer, True, t, n, peers, timeout, what)
+        if t + 2 < n and steps[t + 2].early:
+            post_recvs(t + 2)
+
+
+_plans: dict[tuple[int, int, int], tuple[Schedule, Plan]] = {}
+
+
+def _plan(schedule: Schedule, rank: int, piece: int) -> Plan:
+    """The compiled plan, kept per schedule object (schedules are cached, so training hits this)."""
+    key = (id(schedule), rank, piece)
+    have = _plans.get(key)
+    if have is None or have[0] is not schedule:
+        if len(_plans) > 256:
+            _plans.clear()
+        have = _plans[key] = (schedule, compile_plan(schedule, rank, piece))
+    return have[1]
+
+
+def _batched(
+    buf: torch.Tensor,
+    schedule: Schedule,
+    rank: int,
+    combine: Combine,
+    peers: list[int],
+    group: dist.ProcessGroup | None,
+    timeout: timedelta,
+    what: str,
+) -> None:
     steps = schedule.for_rank(rank)
     scratch = _scratch(schedule.scratch_count(rank), buf.dtype, buf.device)
     for t, step in enumerate(steps):
@@ -66,6 +170,16 @@ def _scratch(count: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
     if have is None or have.numel() < count:
         have = buffers[(dtype, device)] = torch.empty(count, dtype=dtype, device=device)
     return have[:count]
+
+
+def _wait_one(
+    work: dist.Work, peer: int, sending: bool, t: int, n: int, peers: list[int], timeout: timedelta, what: str
+) -> None:
+    try:
+        work.wait(timeout)
+    except RuntimeError as e:
+        op = Op(OpKind.SEND if sending else OpKind.RECV, peer, 0, 0)
+        raise CollectiveError(_describe(e, op, peers[peer], t, n, timeout, what), peer=peers[peer]) from e
 
 
 def _wait(

@@ -126,6 +126,27 @@ class DistributedDataParallel(nn.Module):
         finally:
             self._sync_enabled = previous
 
+    def sync_next_backward(self) -> None:
+        """Make the backward that starts now synchronize, whatever no_sync() said at its forward.
+
+        For callers that run several forwards before their backwards (a pipeline stage's
+        micro-batches): every forward under no_sync(), then this just before the last backward.
+        """
+        self._expect_sync = True
+
+    def sync_gradients(self) -> None:
+        """All-reduce, in buckets, the gradients already in `.grad` (outside any backward).
+
+        For gradients autograd did not deliver through the parameters' hooks (PipeDream's weight
+        stashing computes them on copies and hands them over afterwards).
+        """
+        for bucket in self.buckets:
+            for i, p in enumerate(bucket.params):
+                if p.grad is not None:
+                    bucket.view(i).copy_(p.grad)
+                    self._mark_ready(bucket, i)
+        self._finish()
+
     def close(self) -> None:
         """Stop the communication thread (also done when the object is collected)."""
         self._launcher.close()

@@ -1,8 +1,10 @@
 """A process mesh: the world split into tensor-, data- and pipeline-parallel groups.
 
-Ranks are laid out with tp innermost (adjacent ranks, so the same node under torchrun), then dp,
-then pp outermost: rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank. A tensor-parallel group
-talks on every layer, so it must sit inside one node when the topology has several nodes.
+Ranks are laid out with tp innermost (adjacent ranks, so the same node under torchrun), then pp,
+then dp outermost: rank = dp_rank * (pp * tp) + pp_rank * tp + tp_rank. A tensor-parallel group
+talks on every layer, so it must sit inside one node when the topology has several nodes; the
+stages of one pipeline come next (point-to-point every micro-batch), and the data-parallel
+replicas, which talk once per step, span the nodes.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ class MeshShape:
 
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         """(dp_rank, tp_rank, pp_rank) of a global rank."""
-        return (rank // self.tp) % self.dp, rank % self.tp, rank // (self.dp * self.tp)
+        return rank // (self.pp * self.tp), rank % self.tp, (rank // self.tp) % self.pp
 
     def rank_of(self, dp_rank: int, tp_rank: int, pp_rank: int) -> int:
-        return pp_rank * self.dp * self.tp + dp_rank * self.tp + tp_rank
+        return dp_rank * self.pp * self.tp + pp_rank * self.tp + tp_rank
 
     def tp_groups(self) -> list[list[int]]:
         """Each group of tp adjacent ranks: one per (pp, dp) coordinate."""

@@ -1,9 +1,14 @@
-"""One entry point for an all-reduce time: closed form, event replay, or the right one for the size."""
+"""One entry point for an all-reduce time: closed form, event replay, or the right one for the size.
+
+`native` on a GPU cluster is NCCL: it is priced by NCCL's own cost model (`nccl_model`), which
+also says which algorithm and protocol NCCL runs. Elsewhere `native` is torch's gloo ring.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringtree.sim import nccl_model
 from ringtree.sim.closed_form import check_algorithm, estimate
 from ringtree.sim.hardware import Cluster
 from ringtree.sim.replay import replay_all_reduce
@@ -15,11 +20,12 @@ AUTO_REPLAY_MAX_RANKS = 64
 
 @dataclass(frozen=True)
 class Estimate:
-    """An all-reduce time and the method that produced it."""
+    """An all-reduce time and the method that produced it (and NCCL's algorithm/protocol if NCCL)."""
 
     algorithm: str
     seconds: float
     method: str
+    nccl: str = ""  # e.g. "ring/LL128" when method is "nccl-model"
 
 
 def allreduce_time(
@@ -29,6 +35,11 @@ def allreduce_time(
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     name = check_algorithm(algorithm)
+    if algorithm == "native" and method != "replay":
+        tuning = nccl_model.tuning_for(cluster)
+        if tuning is not None:
+            seconds, choice = nccl_model.allreduce_seconds(tuning, cluster.ranks, cluster.nodes, nbytes)
+            return Estimate(algorithm, seconds, "nccl-model", choice.label)
     if method == "auto":
         method = "replay" if cluster.ranks <= AUTO_REPLAY_MAX_RANKS else "closed-form"
     if method == "replay":

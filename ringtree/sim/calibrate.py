@@ -1,8 +1,16 @@
-"""Calibration: fit alpha, beta and gamma to `ringtree bench --json` rows, and read the fit back.
+"""Calibration: fit link and reduction costs to measured all-reduce times, and read the fit back.
 
-Each bench row is one all-reduce of `bytes` on `world_size` ranks of one machine. On one level
-the closed form is linear in the three unknowns, T = A alpha + B beta + G gamma, so the fit is a
-least-squares solve on relative error (every size counts alike), keeping all three >= 0.
+Two kinds of measurements, in any mix (`read_measurements`): `ringtree bench --json` rows (each
+an all-reduce of `bytes` on `world_size` ranks, over `nodes` x `ranks_per_node` when the rows
+carry them), and nccl-tests all_reduce_perf logs (`nccl_tests`). Bench rows fit alpha, beta and
+gamma of the simulator's own closed form (`closed_form.estimate`, the cost sim and plan use): one
+link when every row ran on one node, an intra-node and an inter-node link when some ran on
+several. nccl-tests logs fit corrections to NCCL's cost model (`nccl_fit`).
+
+The closed form is piecewise linear and homogeneous in theta = (alpha_intra, beta_intra,
+[alpha_inter, beta_inter,] gamma): T(theta) = A(theta) . theta, with A the row's exact
+coefficients in the current piece. The fit is least squares on relative error (every size counts
+alike), theta >= 0, re-solved with A taken at the last solution until the piece stops changing.
 """
 
 from __future__ import annotations
@@ -10,21 +18,38 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ringtree.sim import nccl_tests
 from ringtree.sim.closed_form import check_algorithm, estimate
 from ringtree.sim.hardware import Cluster, Link
 
 _HUGE = 1e30  # bandwidth that makes the beta term vanish
+_STEP = (1e-6, 1e-11, 1e-6, 1e-11, 1e-12)  # finite-difference scale of each parameter
+_ITERATIONS = 12
+Matrix = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class LevelFit:
+    """How well a fit explains the rows of one level (intra: one node; inter: several nodes)."""
+
+    rows: int
+    rms_rel_error: float
+    max_rel_error: float
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Fitted link and reduction cost, with how well they explain the rows they came from."""
+    """Fitted links and reduction cost, with how well they explain the rows they came from.
+
+    `alpha_s`/`beta_s_per_byte` are the intra-node link (the only one of a one-node fit);
+    `inter_*` the inter-node link of a two-level fit. `nccl` holds an nccl-tests fit (`nccl_fit`).
+    """
 
     alpha_s: float
     beta_s_per_byte: float
@@ -33,54 +58,135 @@ class Calibration:
     rows: int
     rms_rel_error: float
     max_rel_error: float
+    inter_alpha_s: float | None = None
+    inter_beta_s_per_byte: float | None = None
+    levels: dict[str, LevelFit] = field(default_factory=dict)
+    nccl: dict[str, Any] | None = None
 
     @property
     def link(self) -> Link:
-        return Link("calibrated", self.alpha_s, 1.0 / self.beta_s_per_byte if self.beta_s_per_byte else _HUGE)
+        return _link("calibrated", self.alpha_s, self.beta_s_per_byte)
+
+    @property
+    def inter_link(self) -> Link | None:
+        if self.inter_alpha_s is None or self.inter_beta_s_per_byte is None:
+            return None
+        return _link("calibrated-inter", self.inter_alpha_s, self.inter_beta_s_per_byte)
 
     def as_dict(self) -> dict[str, Any]:
-        bandwidth = 1.0 / self.beta_s_per_byte if self.beta_s_per_byte else math.inf
-        return {**self.__dict__, "bandwidth_Bps": bandwidth}
+        out = {k: v for k, v in self.__dict__.items() if k != "levels"}
+        out["bandwidth_Bps"] = 1.0 / self.beta_s_per_byte
+        if self.inter_beta_s_per_byte is not None:
+            out["inter_bandwidth_Bps"] = 1.0 / self.inter_beta_s_per_byte
+        out["levels"] = {k: v.__dict__ for k, v in self.levels.items()}
+        return out
 
 
-def coefficients(row: dict[str, Any]) -> tuple[float, float, float]:
-    """(A, B, G) of T = A alpha + B beta + G gamma for one bench row, from the closed form."""
-    p, nbytes, algorithm = int(row["world_size"]), int(row["bytes"]), str(row["algorithm"])
+def _link(name: str, alpha: float, beta: float) -> Link:
+    return Link(name, alpha, 1.0 / beta if beta > 0 else _HUGE)
+
+
+def shape(row: dict[str, Any]) -> tuple[int, int]:
+    """(nodes, ranks per node) of a row: its own keys, else one node of world_size ranks."""
+    p = int(row["world_size"])
+    nodes = int(row.get("nodes", 1) or 1)
+    per_node = int(row.get("ranks_per_node", p // nodes) or p // nodes)
+    if nodes * per_node != p:
+        raise ValueError(f"row has world_size {p} but nodes {nodes} x ranks_per_node {per_node}")
+    return nodes, per_node
+
+
+def model_time(row: dict[str, Any], theta: Matrix) -> float:
+    """The closed form's seconds for one bench row at theta (1- or 2-level)."""
+    nodes, per_node = shape(row)
+    intra = _link("fit", theta[0], theta[1])
+    inter = _link("fit-inter", theta[2], theta[3]) if len(theta) == 5 else intra
+    nbytes = int(row["bytes"])
     itemsize = max(1, nbytes // max(1, int(row["count"])))
-
-    def unit(alpha: float, bandwidth: float, gamma: float) -> float:
-        link = Link("unit", alpha, bandwidth)
-        return estimate(algorithm, Cluster(1, p, link, link, gamma), nbytes, itemsize)
-
-    return unit(1.0, _HUGE, 0.0), unit(0.0, 1.0, 0.0), unit(0.0, _HUGE, 1.0)
-
-
-def fit(rows: list[dict[str, Any]]) -> Calibration:
-    """Least squares on relative error over all-reduce rows, alpha, beta, gamma >= 0."""
-    used = [r for r in rows if r.get("collective") == "all_reduce" and r["bytes"] > 0 and r["time_us"] > 0]
-    if not used:
-        raise ValueError("no all_reduce rows with bytes > 0: run `ringtree bench --json FILE` first")
-    sizes = {int(r["world_size"]) for r in used}
-    if len(sizes) != 1:
-        raise ValueError(f"rows mix world sizes {sorted(sizes)}: calibrate from one bench run at a time")
-    for r in used:
-        check_algorithm(str(r["algorithm"]))
-    measured = np.array([r["time_us"] * 1e-6 for r in used])
-    design = np.array([coefficients(r) for r in used]) / measured[:, None]
-    params = _nonnegative_lstsq(design, np.ones(len(used)))
-    rel = design @ params - 1.0
-    return Calibration(
-        float(params[0]),
-        float(params[1]),
-        float(params[2]),
-        sizes.pop(),
-        len(used),
-        float(np.sqrt(np.mean(rel**2))),
-        float(np.abs(rel).max()),
+    return estimate(
+        str(row["algorithm"]), Cluster(nodes, per_node, intra, inter, theta[-1]), nbytes, itemsize
     )
 
 
-def _nonnegative_lstsq(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def coefficients(row: dict[str, Any], theta: Matrix) -> Matrix:
+    """A(theta): each parameter's coefficient in the row's time, exact inside one linear piece."""
+    base = model_time(row, theta)
+    out = np.empty(len(theta))
+    steps = _STEP if len(theta) == 5 else (_STEP[0], _STEP[1], _STEP[4])
+    for j, h in enumerate(steps):
+        step = max(h, abs(theta[j]) * 1e-4)
+        bumped = theta.copy()
+        bumped[j] += step
+        out[j] = (model_time(row, bumped) - base) / step
+    return out
+
+
+def fit(rows: list[dict[str, Any]]) -> Calibration:
+    """Least squares on relative error over bench all-reduce rows, every parameter >= 0."""
+    used = [r for r in rows if r.get("collective") == "all_reduce" and r["bytes"] > 0 and r["time_us"] > 0]
+    if not used:
+        raise ValueError("no all_reduce rows with bytes > 0: run `ringtree bench --json FILE` first")
+    for r in used:
+        check_algorithm(str(r["algorithm"]))
+    two_level = any(shape(r)[0] > 1 for r in used)
+    names = (
+        ("alpha", "beta", "alpha_inter", "beta_inter", "gamma") if two_level else ("alpha", "beta", "gamma")
+    )
+    measured = np.array([r["time_us"] * 1e-6 for r in used])
+    theta = np.array([1e-5, 1e-9, 1e-5, 1e-9, 1e-11] if two_level else [1e-5, 1e-9, 1e-11])
+    sizes = {int(r["bytes"]) for r in used}
+    if len(used) < len(names) or np.linalg.matrix_rank(np.array([coefficients(r, theta) for r in used])) < 2:
+        raise ValueError(
+            f"{len(used)} all_reduce row(s) of {len(sizes)} size(s) cannot fit {len(names)} parameters "
+            f"({', '.join(names)}): give at least {len(names)} rows over at least 2 sizes "
+            "(e.g. `ringtree bench --min-bytes 4K --max-bytes 64M --json FILE`)"
+        )
+    best, best_err = theta, math.inf
+    for _ in range(_ITERATIONS):
+        design = np.array([coefficients(r, theta) for r in used]) / measured[:, None]
+        theta = nonnegative_lstsq(design, np.ones(len(used)))
+        rel = np.array([model_time(r, theta) for r in used]) / measured - 1.0
+        err = float(np.sum(rel**2))
+        if err >= best_err * (1 - 1e-9):
+            break
+        best, best_err = theta, err
+    return _calibration(used, best, measured, two_level)
+
+
+def _calibration(used: list[dict[str, Any]], theta: Matrix, measured: Matrix, two_level: bool) -> Calibration:
+    if theta[1] <= 0 or (two_level and theta[3] <= 0):
+        level = "intra-node" if theta[1] <= 0 else "inter-node"
+        raise ValueError(
+            f"the fit found no {level} bandwidth cost (beta = 0): the rows are all latency-bound; "
+            "add larger sizes (e.g. up to --max-bytes 64M) and calibrate again"
+        )
+    rel = np.array([model_time(r, theta) for r in used]) / measured - 1.0
+    return Calibration(
+        float(theta[0]),
+        float(theta[1]),
+        float(theta[-1]),
+        max(int(r["world_size"]) for r in used),
+        len(used),
+        float(np.sqrt(np.mean(rel**2))),
+        float(np.abs(rel).max()),
+        float(theta[2]) if two_level else None,
+        float(theta[3]) if two_level else None,
+        level_fits(rel, [shape(r)[0] > 1 for r in used]),
+    )
+
+
+def level_fits(rel: Matrix, inter: list[bool]) -> dict[str, LevelFit]:
+    """RMS and max relative error over the one-node rows (intra) and the multi-node rows (inter)."""
+    out: dict[str, LevelFit] = {}
+    mask = np.array(inter, dtype=bool)
+    for name, sel in (("intra", ~mask), ("inter", mask)):
+        if sel.any():
+            r = rel[sel]
+            out[name] = LevelFit(int(sel.sum()), float(np.sqrt(np.mean(r**2))), float(np.abs(r).max()))
+    return out
+
+
+def nonnegative_lstsq(a: Matrix, b: Matrix) -> Matrix:
     """The best least-squares solution with every entry >= 0, by trying each subset of free entries."""
     n = a.shape[1]
     best, best_err = np.zeros(n), float(np.sum(b**2))
@@ -94,18 +200,54 @@ def _nonnegative_lstsq(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.n
     return best
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file, or a ValueError naming the file and where it stops being JSON."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+
+
 def load_rows(path: Path) -> list[dict[str, Any]]:
     """Rows of a `ringtree bench --json` file."""
-    data = json.loads(path.read_text())
+    data = read_json(path)
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise ValueError(f"{path}: expected the list of rows `ringtree bench --json` writes")
+    needed = {"collective", "algorithm", "bytes", "count", "world_size", "time_us"}
+    for i, r in enumerate(data):
+        if not needed <= set(r):
+            raise ValueError(
+                f"{path}: row {i} lacks {', '.join(sorted(needed - set(r)))}; is it a bench file?"
+            )
     return data
+
+
+def read_measurements(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(bench rows, nccl-tests rows) of one file, told apart by content."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    if text.lstrip()[:1] in ("[", "{"):
+        return load_rows(path), []
+    if nccl_tests.looks_like_nccl_tests(text):
+        runs = nccl_tests.parse_text(text, str(path))
+        return [], [m for run in runs for m in run.measurements()]
+    raise ValueError(
+        f"{path}: line 1: neither `ringtree bench --json` rows nor nccl-tests all_reduce_perf output"
+    )
 
 
 def load(path: Path) -> Calibration:
     """A calibration written by `ringtree calibrate --out`."""
-    data = json.loads(path.read_text())
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a `ringtree calibrate` file: expected a JSON object")
     try:
+        levels = {k: LevelFit(**v) for k, v in data.get("levels", {}).items()}
+        inter_alpha, inter_beta = data.get("inter_alpha_s"), data.get("inter_beta_s_per_byte")
         return Calibration(
             float(data["alpha_s"]),
             float(data["beta_s_per_byte"]),
@@ -114,6 +256,21 @@ def load(path: Path) -> Calibration:
             int(data["rows"]),
             float(data["rms_rel_error"]),
             float(data["max_rel_error"]),
+            None if inter_alpha is None else float(inter_alpha),
+            None if inter_beta is None else float(inter_beta),
+            levels,
+            data.get("nccl"),
         )
-    except KeyError as e:
-        raise ValueError(f"{path} is not a `ringtree calibrate` file: missing {e}") from None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a `ringtree calibrate` file: missing or bad {e}") from None
+
+
+def check(fitted: Calibration, path: Path) -> Calibration:
+    """A loaded calibration whose costs are usable (beta > 0, all finite), else a ValueError."""
+    values = [fitted.alpha_s, fitted.beta_s_per_byte, fitted.gamma_s_per_byte]
+    if not all(math.isfinite(v) and v >= 0 for v in values) or fitted.beta_s_per_byte <= 0:
+        raise ValueError(
+            f"{path} holds unusable costs (need finite alpha, gamma >= 0 and beta > 0); "
+            "run `ringtree calibrate` again"
+        )
+    return fitted

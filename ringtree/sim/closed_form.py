@@ -182,7 +182,7 @@ GROUPS: dict[str, Callable[[Cluster, int, int], list[Group]]] = {
 ALGORITHMS = tuple(GROUPS)
 # Algorithms with O(k + log p) steps whose ranks do unequal work per step are costed along their
 # dependency paths; the rings, where every step is the same on every rank, in lockstep.
-ALONG_PATHS = frozenset({"tree", "double_tree", "ps"})
+ALONG_PATHS = frozenset({"tree", "double_tree", "ps", "halving_doubling"})
 
 
 def check_algorithm(algorithm: str) -> str:

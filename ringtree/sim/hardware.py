@@ -14,9 +14,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringtree.topology import LinkLevel, Topology
+
+if TYPE_CHECKING:
+    from ringtree.sim.nccl_model import NcclTuning
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class Cluster:
     inter: Link
     gamma: float = 5e-12  # a GPU sums about 200 GB/s of fp32 (reads two, writes one operand)
     nics_per_node: int = 1
+    # NCCL's view of a GPU cluster with calibrated corrections (ringtree.sim.nccl_model); None:
+    # derived from the link presets when the cluster is a GPU one.
+    nccl: NcclTuning | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:

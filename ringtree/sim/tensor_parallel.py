@@ -8,12 +8,12 @@ in a node (ringtree's Mesh puts it there), the inter-node link when it must span
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
 
 from ringtree.sim.closed_form import estimate
 from ringtree.sim.hardware import Cluster
-from ringtree.sim.plan import StepConfig, predict_step
+from ringtree.sim.plan import Layout, StepConfig, StepPrediction, dp_group, predict, tp_group
 
 ALL_REDUCES_PER_BLOCK = 4  # 2 forward (g after attention and MLP) + 2 backward (f before them)
 
@@ -40,20 +40,12 @@ class TPShape:
 
 def tp_cluster(cluster: Cluster, tp: int) -> Cluster:
     """The cluster one TP group sees: inside a node when tp divides the GPUs per node, else across nodes."""
-    if tp < 1 or cluster.ranks % tp:
-        raise ValueError(f"tp={tp} must divide the {cluster.ranks} ranks of the cluster")
-    if cluster.gpus_per_node % tp == 0:
-        return Cluster(1, tp, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
-    if tp % cluster.gpus_per_node:
-        raise ValueError(f"tp={tp} must divide or be a multiple of the {cluster.gpus_per_node} GPUs per node")
-    return Cluster(
-        tp // cluster.gpus_per_node, cluster.gpus_per_node, cluster.intra, cluster.inter, cluster.gamma
-    )
+    return tp_group(cluster, tp)
 
 
 def spread_cluster(cluster: Cluster, tp: int) -> Cluster:
     """A TP group of tp ranks placed one per node (what a mesh with dp innermost would do)."""
-    return Cluster(tp, 1, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
+    return tp_group(cluster, tp, spread=True)
 
 
 def tp_comm_time(shape: TPShape, group: Cluster, algorithm: str = "ring") -> float:
@@ -75,16 +67,7 @@ SHAPES: dict[str, tuple[int, int, int]] = {
 
 def dp_cluster(cluster: Cluster, tp: int) -> Cluster:
     """The cluster one data-parallel group sees when tp ranks (innermost) form each TP group."""
-    if cluster.gpus_per_node % tp == 0:
-        return Cluster(
-            cluster.nodes,
-            cluster.gpus_per_node // tp,
-            cluster.intra,
-            cluster.inter,
-            cluster.gamma,
-            cluster.nics_per_node,
-        )
-    return Cluster(cluster.ranks // tp, 1, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
+    return dp_group(cluster, tp, cluster.ranks // tp)
 
 
 def predict_tp_step(
@@ -94,23 +77,17 @@ def predict_tp_step(
     tp: int,
     algorithm: str = "ring",
     spread: bool = False,
-) -> dict[str, Any]:
+) -> StepPrediction:
     """A DP x TP step: compute / tp, plus the TP all-reduces on the critical path, plus the DP
     all-reduce of each rank's 1/tp of the gradients over its DP group. `spread` places the TP
     group one rank per node (across the network) instead of inside a node, for comparison."""
-    group = spread_cluster(cluster, tp) if spread else tp_cluster(cluster, tp)
-    tp_s = tp_comm_time(shape, group, algorithm) * config.accumulate
-    local = replace(
-        config,
-        params=config.params // tp,
-        compute_time_s=config.compute_time_s / tp + tp_s / config.accumulate,
+    work = dataclasses.replace(
+        config.work(cluster.ranks // tp),
+        forward_s=config.work(1).forward_s / tp,
+        backward_s=config.work(1).backward_s / tp,
+        grad_bytes=config.params // tp * config.itemsize,
+        tp_bytes=shape.activation_bytes,
+        tp_forward=ALL_REDUCES_PER_BLOCK // 2 * shape.layers,
+        tp_backward=ALL_REDUCES_PER_BLOCK // 2 * shape.layers,
     )
-    dp = predict_step(local, dp_cluster(cluster, tp), algorithm)
-    return {
-        "tp": tp,
-        "tp_link": "inter" if group.nodes > 1 else "intra",
-        "tp_comm_time_s": tp_s,
-        "dp_allreduce_time_s": dp.allreduce_time_s,
-        "step_time_s": dp.step_time_s,
-        "samples_per_s": dp.samples_per_s,
-    }
+    return predict(work, cluster, algorithm, Layout(tp=tp, spread_tp=spread))

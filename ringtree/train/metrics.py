@@ -1,4 +1,4 @@
-"""Per-step timings and the run's summary (the keys `--json` writes)."""
+"""Per-step timings of a training run on one rank."""
 
 from __future__ import annotations
 
@@ -6,35 +6,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-
-# The summary's keys, in the order the table and the JSON file show them.
-SUMMARY_KEYS = (
-    "accuracy",
-    "test_loss",
-    "train_loss",
-    "samples_per_s",
-    "step_time_s",
-    "comm_time_s",
-    "exposed_comm_time_s",
-    "predicted_step_time_s",
-    "world_size",
-    "nodes",
-    "mode",
-    "algorithm",
-    "model",
-    "parameters",
-    "compression",
-    "bucket_mb",
-    "overlap",
-    "batch_size",
-    "accumulate",
-    "steps",
-    "resumed_from_step",
-    "amp",
-    "skipped_steps",
-    "checkpoint_segments",
-    "distilled_from",
-)
 
 
 @dataclass
@@ -58,13 +29,14 @@ class Meter:
         seconds = sum(self.step_s[skip:])
         return sum(self.samples[skip:]) / seconds if seconds > 0 else 0.0
 
-    def slowest_rank_means(self) -> dict[str, float]:
+    def slowest_rank_means(self, device: torch.device | str = "cpu") -> dict[str, float]:
         """Mean step, comm and exposed time after the warm-up step, the slowest rank's (a collective)."""
         skip = 1 if len(self.step_s) > 1 else 0
         n = max(1, len(self.step_s) - skip)
         means = torch.tensor(
             [sum(self.step_s[skip:]) / n, sum(self.comm_s[skip:]) / n, sum(self.exposed_s[skip:]) / n],
             dtype=torch.float64,
+            device=device,
         )
         dist.all_reduce(means, op=dist.ReduceOp.MAX)
         step, comm, exposed = means.tolist()

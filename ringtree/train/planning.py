@@ -20,8 +20,8 @@ def predicted_step_time(summary: dict[str, Any], calibration: Path | None) -> fl
         from ringtree.sim.spec import make_cluster
     except ImportError:  # a build without the simulator
         return None
-    if summary["algorithm"] not in ALGORITHMS or summary["mode"] != "ddp":
-        return None  # torch's native algorithm and the master-rank dp mode are not modelled
+    if summary["algorithm"] not in ALGORITHMS or summary["mode"] != "ddp" or summary.get("pp", 1) > 1:
+        return None  # torch's native algorithm, the master-rank dp mode and pipelines are not modelled
     config = StepConfig(
         params=summary["parameters"],
         compute_time_s=max(0.0, summary["step_time_s"] - summary["exposed_comm_time_s"])

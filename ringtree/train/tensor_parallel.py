@@ -1,4 +1,4 @@
-"""`ringtree train --tp N`: the vit's blocks tensor-parallel over a DP x TP mesh, checkpoints unsharded."""
+"""Checkpoints of a sharded model: saved dense (gathered from TP shards and stages), loaded as shards."""
 
 from __future__ import annotations
 
@@ -7,50 +7,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DistributedSampler, TensorDataset
 
-from ringtree.parallel import Mesh
 from ringtree.parallel.tensor import (
     copy_from_dense,
     copy_to_dense,
     gather_optimizer_state,
-    parallelize_blocks,
     shard_optimizer_state,
 )
 from ringtree.parallel.tensor.layers import _ParallelLinear
 from ringtree.train.models import build_model
-
-
-def check_tp(tp: int, model: str, mode: str, pp: int) -> None:
-    """Raise ValueError for a --tp the trainer cannot run (sizes are checked when the mesh is built)."""
-    if tp < 1:
-        raise ValueError(f"tp must be at least 1, got {tp}")
-    if tp == 1:
-        return
-    if model != "vit":
-        raise ValueError(f"--tp {tp} shards transformer blocks; use --model vit (got {model!r}) or --tp 1")
-    if mode != "ddp":
-        raise ValueError(f"--tp {tp} runs with --mode ddp over the data-parallel groups, not {mode!r}")
-    if pp != 1:
-        raise ValueError(f"--tp {tp} with --pp {pp} is not supported yet; choose one of them")
-
-
-def setup(net: nn.Module, tp: int, algorithm: str) -> Mesh | None:
-    """Build the DP x TP mesh and shard the vit's blocks over its TP groups; None when tp == 1."""
-    if tp == 1:
-        return None
-    mesh = Mesh(tp=tp)
-    blocks = net.blocks
-    assert isinstance(blocks, nn.ModuleList), "check_tp admits only the vit"
-    parallelize_blocks(blocks, mesh.tp_group, algorithm)
-    return mesh
-
-
-def sampler(data: TensorDataset, mesh: Mesh | None, seed: int) -> DistributedSampler[Any]:
-    """Each DP rank's share of every epoch; every rank of a TP group reads the same batches."""
-    if mesh is None:
-        return DistributedSampler(data, shuffle=True, seed=seed)
-    return DistributedSampler(data, num_replicas=mesh.dp, rank=mesh.dp_rank, shuffle=True, seed=seed)
 
 
 def is_parallel(net: nn.Module) -> bool:
@@ -66,9 +31,16 @@ def model_state(net: nn.Module, name: str) -> dict[str, torch.Tensor]:
     return dense.state_dict()
 
 
-def optimizer_state(net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's state_dict in dense shapes (collective, call on every rank)."""
+def optimizer_state(
+    net: nn.Module, optimizer: torch.optim.Optimizer, owned: set[int] | None = None
+) -> dict[str, Any]:
+    """The optimizer's state_dict in dense shapes (collective over the TP group, call on every rank).
+
+    owned: keep only these parameters' state (a pipeline stage's; None: all).
+    """
     state = optimizer.state_dict()
+    if owned is not None:
+        state = {**state, "state": {i: s for i, s in state["state"].items() if i in owned}}
     return gather_optimizer_state(net, state) if is_parallel(net) else state
 
 
@@ -83,3 +55,22 @@ def load(net: nn.Module, optimizer: torch.optim.Optimizer, name: str, state: dic
     copy_from_dense(net, dense)
     optimizer.load_state_dict(shard_optimizer_state(net, state["optimizer"]))
     dist.barrier()
+
+
+def union_over(state: dict[str, Any], group: dist.ProcessGroup, size: int) -> dict[str, Any]:
+    """An optimizer state_dict whose per-parameter state is the union of every stage's."""
+    states: list[Any] = [None] * size
+    dist.all_gather_object(states, to_cpu(state), group=group)
+    merged: dict[Any, Any] = {}
+    for s in states:
+        merged |= s["state"]
+    return {**state, "state": merged}
+
+
+def to_cpu(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state_dict with its per-parameter tensors on the host (for saving, gathering)."""
+    per = {
+        i: {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for i, s in state["state"].items()
+    }
+    return {**state, "state": per}

@@ -1,47 +1,57 @@
-"""The training loop of `ringtree train`: the seeds' data-parallel flow on the digits.
+"""One trainer for every parallelism: DP x TP x PP composed from one TrainConfig, on any device.
 
-Every rank holds the model; torch's DistributedSampler hands each rank its share of every
-epoch; forward and backward run locally; DistributedDataParallel (or the master-rank dp mode)
-averages the gradients; every rank steps torch's AdamW. Rank 0 shows progress, writes the
-checkpoints, and every rank returns its summary and trace events.
+The world is a Mesh: tensor-parallel groups innermost (adjacent ranks, one node), then pipeline
+stages, then data-parallel replicas. Each rank builds the model, shards the vit's blocks over its
+TP group (--tp), keeps its pipeline stage (--pp), and wraps what it trains in ringtree's
+DistributedDataParallel over its DP group, so every DP option (algorithm, buckets, overlap,
+compression, accumulation, checkpoints) works in every layout. Without --pp a step is the seeds'
+flow: forward, backward (the last micro-batch synchronizing), AdamW; with --pp the pipeline
+runtime runs the schedule and the step. The master-rank `--mode dp` replaces DDP when asked.
+
+Losses and metrics stay on the device during the loop; the host reads them once per log
+interval (the progress bar) and once at the end (the summary).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from ringtree.parallel import DistributedDataParallel, MasterDataParallel
-from ringtree.parallel.launcher import Span
+from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
+from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh
+from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
+from ringtree.parallel.tensor import parallelize_blocks
+from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, tensor_parallel
-from ringtree.train.config import TrainConfig
-from ringtree.train.data import digits
+from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
+from ringtree.train.evaluation import evaluate
+from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
+from ringtree.train.loss import TrainingLoss
 from ringtree.train.metrics import Meter
-from ringtree.train.models import build_model
+from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
 from ringtree.train.progress import ProgressBar
-from ringtree.train.techniques import (
-    MixedPrecision,
-    PrefetchLoader,
-    distillation_loss,
-    enable_checkpointing,
-    load_teacher,
-)
-from ringtree.train.techniques.amp import all_finite
+from ringtree.train.stages import model_layers
+from ringtree.train.stragglers import StragglerMonitor
+from ringtree.train.summary import build_summary
+from ringtree.train.techniques import MixedPrecision, PrefetchLoader, ShardedStream, load_teacher
+from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
 from ringtree.train.trace import Event, Recorder
 
-Batch = list[torch.Tensor]  # [inputs [b, 64], labels [b]]
-Wrapped = DistributedDataParallel | MasterDataParallel
+Batch = Sequence[torch.Tensor]  # (inputs, targets)
 
 
 @dataclass
@@ -53,114 +63,620 @@ class RankResult:
     events: list[Event] = field(default_factory=list)
 
 
+class Trainer:
+    """Train `model` on `train_dataset` with `loss_fn(output, target)` as `config` says.
+
+    ```python
+    summary = Trainer(model, train_dataset, nn.MSELoss(), TrainConfig(pp=2, micro_batches=4)).fit()
+    ```
+    Under torchrun every rank runs this; without a process group, fit() trains in a world of one.
+    --pp cuts an nn.Sequential (or a list of blocks, or ringtree's mlp and vit) into stages;
+    --tp shards ringtree's vit. `test_dataset` adds test_loss (and accuracy, for class targets).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | Sequence[nn.Module],
+        train_dataset: Dataset[Any],
+        loss_fn: LossFn = F.cross_entropy,
+        config: TrainConfig | None = None,
+        *,
+        test_dataset: Dataset[Any] | None = None,
+        trace: bool = False,
+        names: dict[str, str] | None = None,
+    ) -> None:
+        self.cfg = config or TrainConfig()
+        self.net = model if isinstance(model, nn.Module) else nn.Sequential(*model)
+        if isinstance(self.net, nn.ModuleList):
+            self.net = nn.Sequential(*self.net)
+        self.train_set, self.test_set, self.loss_fn = train_dataset, test_dataset, loss_fn
+        self.trace = trace
+        self.names = names or {
+            "model": type(self.net).__name__,
+            "dataset": type(train_dataset).__name__,
+            "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
+        }
+        _check_model(self.net, self.cfg)
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, trace: bool = False) -> Trainer:
+        """The trainer `ringtree train` runs: model, data set and loss named by the config."""
+        train_set, test_set = make_datasets(cfg.dataset)
+        torch.manual_seed(cfg.seed)  # every rank builds the same model
+        names = {"model": cfg.model, "dataset": cfg.dataset, "loss": cfg.loss}
+        return cls(
+            make_model(cfg.model),
+            train_set,
+            make_loss(cfg.loss),
+            cfg,
+            test_dataset=test_set,
+            trace=trace,
+            names=names,
+        )
+
+    def fit(self) -> dict[str, Any]:
+        """Train and return the summary (the dict `ringtree train --json` writes)."""
+        return self.run().summary
+
+    def run(self) -> RankResult:
+        """Train on the current process group (joining torchrun's, or a world of one, if none)."""
+        owned = _join_world(self.cfg)
+        try:
+            return _Run(self).train()
+        finally:
+            if owned:
+                dist.destroy_process_group()
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Load what the config names (a user's factories too) and check the model fits the layout:
+    ValueError here, in the launching process, instead of a traceback from every worker."""
+    make_datasets(cfg.dataset)
+    make_loss(cfg.loss)
+    _check_model(make_model(cfg.model), cfg)
+    if cfg.teacher is not None:
+        load_teacher(cfg.teacher, make_model)  # a missing or damaged file is named here, once
+    if cfg.resume and cfg.checkpoint_dir is not None:
+        checkpoint.load(cfg.checkpoint_dir)  # no usable checkpoint: said here, not by every worker
+
+
+def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
+    """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
+    if cfg.tp > 1 and not isinstance(getattr(net, "blocks", None), nn.ModuleList):
+        raise ValueError(f"--tp {cfg.tp} shards a vit's `blocks`; {type(net).__name__} has none; use --tp 1")
+    if cfg.pp > 1:
+        try:
+            layers = model_layers(net if not isinstance(net, nn.ModuleList) else nn.Sequential(*net))
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        if cfg.pp > len(layers):
+            raise ValueError(
+                f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
+                f"use --pp {len(layers)} or fewer"
+            )
+
+
+def _join_world(cfg: TrainConfig) -> bool:
+    """Join torchrun's world, or make a world of one process; True when this call created it."""
+    if dist.is_initialized():
+        return False
+    backend = default_backend(device_type(cfg))
+    if under_torchrun():
+        init_from_env(backend, cfg.get("timeout_s"))
+        return True
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="ringtree-"), "store"), 1)  # type: ignore[attr-defined]
+    dist.init_process_group(
+        backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=cfg.get("timeout_s"))
+    )
+    return True
+
+
+def _thread_devices(cfg: TrainConfig) -> list[torch.device]:
+    """--mode dp-threads' devices: every GPU (or the first --threads), else --threads CPU copies."""
+    if device_type(cfg) == "cuda":
+        n = torch.cuda.device_count() if cfg.threads is None else min(cfg.threads, torch.cuda.device_count())
+        return [torch.device("cuda", k) for k in range(n)]
+    return [torch.device("cpu")] * cfg.get("threads")
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    if device_type(cfg) == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
 @dataclass
-class Run:
-    """The state of one rank's training run."""
+class _Pipeline:
+    """This rank's pipeline: all stages (sharing the model's parameters), its own, the runtime."""
 
-    cfg: TrainConfig
-    rank: int
-    net: nn.Module
-    model: Wrapped
-    optimizer: torch.optim.Optimizer
-    sampler: DistributedSampler[Any]
-    loader: DataLoader[Any] | PrefetchLoader
-    recorder: Recorder
-    amp: MixedPrecision
-    teacher: nn.Module | None = None  # distil from it when set
-    step: int = 0
-    meter: Meter = field(default_factory=Meter)
-    last_loss: float = float("nan")
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.loader) / self.cfg.accumulate)
+    stages: list[nn.Sequential]
+    stage: Stage
+    runner: PipelineStage
+    ddp: DistributedDataParallel | None
+    schedule: str
+    windows: list[list[float]] = field(default_factory=list)  # per run: [start, end, busy] (wall clock)
+    peak_activation_bytes: int = 0
+    peak_versions: int = 1
+    micro_batches_per_run: int = 1
 
 
-def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
-    """Train on the current process group (this process is `rank`); every rank returns its result."""
-    train_set, test_set = digits()
-    run = _setup(rank, cfg, train_set, trace)
-    resumed_from = _resume(run)
-    total = cfg.epochs * run.steps_per_epoch
-    description = f"{cfg.model} x {dist.get_world_size()} ranks ({cfg.mode}, {cfg.algorithm})"
-    with ProgressBar(rank == 0 and cfg.progress, total, description) as bar:
-        for epoch in range(run.step // run.steps_per_epoch, cfg.epochs):
-            _epoch(run, epoch, bar)
-    accuracy, test_loss = evaluate(run.net, test_set)
-    summary = _summary(run, accuracy, test_loss, resumed_from)
-    if isinstance(run.model, DistributedDataParallel):
-        run.model.close()
-    return RankResult(rank, summary, run.recorder.events)
+class _Run:
+    """One rank's training run."""
 
+    def __init__(self, trainer: Trainer) -> None:
+        self.t, cfg = trainer, trainer.cfg
+        self.cfg = cfg
+        check_world(cfg, dist.get_world_size())
+        self.rank = dist.get_rank()
+        self.device = _device(cfg)
+        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp)
+        self.net = trainer.net
+        self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
+        if cfg.tp > 1:  # the shards are made on the host, then moved with the rest
+            parallelize_blocks(self.net.blocks, self.mesh.tp_group, cfg.algorithm)  # type: ignore[arg-type]
+        self.net.to(self.device)
+        self.amp = MixedPrecision(cfg.amp, self.device.type)
+        teacher = None
+        if cfg.teacher is not None:
+            teacher = load_teacher(cfg.teacher, make_model)[0].to(self.device)
+        self.loss = TrainingLoss(trainer.loss_fn, cfg, teacher, self.amp)
+        self.recorder = Recorder(self.rank, enabled=trainer.trace)
+        self.meter = Meter()
+        self.model: DistributedDataParallel | MasterDataParallel | None = None
+        self.pipe: _Pipeline | None = None
+        self.threaded: ThreadedDataParallel | None = None
+        self.segments = self._build_pipeline() if cfg.pp > 1 else self._build_replica()
+        self.optimizer = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.step = 0
+        self.stragglers = (
+            StragglerMonitor(device=self.device, every=cfg.straggler_every) if cfg.straggler_every else None
+        )
+        self.last: torch.Tensor | None = None  # the last step's mean loss (device)
+        self.epoch_sums: list[Any] = [None, 0]  # this epoch's loss sum (device) and samples
 
-def _setup(rank: int, cfg: TrainConfig, train_set: TensorDataset, trace: bool) -> Run:
-    teacher = None if cfg.teacher is None else load_teacher(cfg.teacher, build_model)[0]
-    torch.manual_seed(cfg.seed)
-    net = build_model(cfg.model)
-    mesh = tensor_parallel.setup(net, cfg.tp, cfg.algorithm)  # None without --tp
-    if cfg.checkpoint_activations:
-        enable_checkpointing(net, cfg.checkpoint_segments)
-    model: Wrapped
-    if cfg.mode == "dp":
-        model = MasterDataParallel(net, cfg.algorithm, timeout_s=cfg.timeout_s)
-    else:
-        model = DistributedDataParallel(
-            net,
-            bucket_cap_mb=cfg.bucket_mb,
+    # -- setup ------------------------------------------------------------------------------
+
+    def _ddp(self, module: nn.Module, overlap: bool) -> DistributedDataParallel:
+        cfg = self.cfg
+        return DistributedDataParallel(
+            module,
+            bucket_cap_mb=cfg.get("bucket_mb"),
             algorithm=cfg.algorithm,
             compression=cfg.compression,
-            overlap=cfg.overlap,
-            timeout_s=cfg.timeout_s,
-            process_group=None if mesh is None else mesh.dp_group,
+            overlap=overlap,
+            timeout_s=cfg.get("timeout_s"),
+            process_group=self.mesh.dp_group,
         )
-    optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sampler: DistributedSampler[Any] = tensor_parallel.sampler(train_set, mesh, cfg.seed)
-    batches = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
-    loader = PrefetchLoader(batches) if cfg.prefetch else batches
-    amp = MixedPrecision(cfg.amp)
-    return Run(cfg, rank, net, model, optimizer, sampler, loader, Recorder(rank, enabled=trace), amp, teacher)
 
+    def _build_replica(self) -> int:
+        """No pipeline: the whole model (TP-sharded or not) in DDP, or in the master-rank mode."""
+        cfg, body, segments = self.cfg, self.net, 0
+        if cfg.checkpoint_activations:
+            if isinstance(self.net, nn.Sequential):
+                body, segments = checkpointed(self.net, cfg.checkpoint_segments, True)
+            else:
+                segments = enable_checkpointing(self.net, cfg.checkpoint_segments)
+        if cfg.mode == "dp":
+            self.model = MasterDataParallel(body, cfg.algorithm, timeout_s=cfg.get("timeout_s"))
+        elif cfg.mode in THREAD_MODES:
+            self.threaded = ThreadedDataParallel(
+                body, _thread_devices(cfg), balanced=cfg.mode.endswith("balanced"), loss_fn=self.t.loss_fn
+            )
+        else:
+            self.model = self._ddp(body, bool(cfg.get("overlap")))
+        return segments
 
-def _resume(run: Run) -> int | None:
-    """Load checkpoint_dir/last.pt when --resume asks for it; the step it continues from."""
-    if not run.cfg.resume or run.cfg.checkpoint_dir is None:
-        return None
-    state = checkpoint.load(run.cfg.checkpoint_dir)
-    if state is None:
-        if run.rank == 0:
-            print(f"# no checkpoint in {run.cfg.checkpoint_dir} yet: starting from step 0")
-        return None
-    if state["model_name"] != run.cfg.model:
-        raise ValueError(
-            f"the checkpoint in {run.cfg.checkpoint_dir} holds model {state['model_name']!r}, not "
-            f"{run.cfg.model!r}; pass --model {state['model_name']} or another --checkpoint-dir"
+    def _build_pipeline(self) -> int:
+        cfg, mesh = self.cfg, self.mesh
+        sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.batch_size)))[0].to(self.device)
+        stages = cut(model_layers(self.net), cfg.pp, cfg.get("pp_balance"), sample)
+        body, segments = checkpointed(
+            stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
         )
-    tensor_parallel.load(run.net, run.optimizer, run.cfg.model, state)
-    run.step = int(state["step"])
-    return run.step
+        schedule = cfg.get("schedule")
+        ddp = None
+        if any(p.requires_grad for p in body.parameters()):
+            ddp = self._ddp(body, bool(cfg.get("overlap")) and schedule in SYNCHRONOUS)
+        stage = Stage(ddp if ddp is not None else body, self.amp.autocast)
+        runner = PipelineStage(
+            stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss, device=self.device
+        )
+        self.pipe = _Pipeline(stages, stage, runner, ddp, schedule)
+        return segments
+
+    def _loader(self) -> tuple[Iterable[Batch], Any]:
+        """This DP rank's batches (every rank of a TP group and of a pipeline reads the same)."""
+        cfg, data, mesh = self.cfg, self.t.train_set, self.mesh
+        per = cfg.batch_size
+        if cfg.pp > 1 and cfg.get("schedule") in SYNCHRONOUS:
+            per *= cfg.get("micro_batches")  # one run: micro_batches micro-batches of batch_size
+        pin = self.device.type == "cuda" and not cfg.prefetch
+        epochs: Any
+        if isinstance(data, IterableDataset):
+            source = data.source if isinstance(data, ShardedStream) else (lambda _epoch: data)
+            epochs = ShardedStream(source, mesh.dp_rank, mesh.dp)
+            loader: Iterable[Batch] = DataLoader(epochs, batch_size=per, pin_memory=pin)
+        else:
+            epochs = DistributedSampler(
+                data, num_replicas=mesh.dp, rank=mesh.dp_rank, shuffle=True, seed=cfg.seed
+            )
+            loader = DataLoader(data, batch_size=per, sampler=epochs, pin_memory=pin)
+        if cfg.prefetch:
+            loader = PrefetchLoader(loader, self.device)
+        return loader, epochs
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def train(self) -> RankResult:
+        cfg = self.cfg
+        resumed_from = self._resume()
+        loader, epochs = self._loader()
+        sized = not isinstance(self.t.train_set, IterableDataset)
+        per_epoch = self._steps_per_epoch(loader) if sized else None
+        total = None if per_epoch is None else cfg.epochs * per_epoch
+        description = f"{self.t.names['model']}, dp {self.mesh.dp} x tp {cfg.tp} x pp {cfg.pp}"
+        first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
+        with ProgressBar(self.rank == 0 and cfg.progress, total or 0, description) as bar:
+            for epoch in range(first_epoch, cfg.epochs):
+                epochs.set_epoch(epoch)
+                self.epoch_sums = [None, 0]
+                done = epoch * per_epoch if per_epoch is not None else 0
+                for unit in self._units(loader, sized):
+                    n = self._unit_steps(unit)
+                    if done + n <= self.step:
+                        done += n
+                        continue  # done before the checkpoint we resumed from
+                    before = self.step
+                    self._train_unit(unit)
+                    done = self.step
+                    if cfg.progress and self.step // cfg.log_every > before // cfg.log_every:
+                        bar.update(self.step, self._read_last(), self.meter.rate())
+                    every = cfg.checkpoint_every
+                    if every and self.step // every > before // every:
+                        self._save()
+                if not cfg.checkpoint_every:
+                    self._save()
+        return RankResult(self.rank, self._summary(resumed_from), self.recorder.events)
+
+    def _steps_per_epoch(self, loader: Iterable[Batch]) -> int:
+        batches = len(loader)  # type: ignore[arg-type]
+        if self.pipe is not None and self.pipe.schedule not in SYNCHRONOUS:
+            return batches  # pipedream steps after every micro-batch
+        return math.ceil(batches / self.cfg.accumulate)
+
+    def _units(self, loader: Iterable[Batch], sized: bool) -> Iterator[list[Any]]:
+        """What one optimizer step consumes: K batches, K pipeline runs, or pipedream's whole epoch."""
+        if self.pipe is not None:
+            items: Iterable[Any] = runs(loader, self.pipe.schedule, self.cfg.get("micro_batches"))
+            k = self.cfg.accumulate
+        else:
+            items, k = loader, self.cfg.accumulate
+        for unit in _groups(items, k):
+            if not sized:
+                unit = self._agree_length(unit)
+                if not unit:
+                    return  # one rank ran out: every rank stops here
+            yield unit
+        if not sized:
+            self._agree_length([])  # this rank ran out: the others learn it from this call
+
+    def _agree_length(self, unit: list[Any]) -> list[Any]:
+        """The unit cut to the shortest length on any rank (iterable data sets end unevenly)."""
+        pipedream = self.pipe is not None and self.pipe.schedule not in SYNCHRONOUS
+        length = len(unit[0]) if pipedream and unit else len(unit)
+        flag = torch.tensor([float(length)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        n = int(flag.item())
+        if pipedream:
+            return [unit[0][:n]] if n else []
+        return unit[:n]
+
+    def _unit_steps(self, unit: list[Any]) -> int:
+        if self.pipe is not None and self.pipe.schedule not in SYNCHRONOUS:
+            return len(unit[0])
+        return 1
+
+    def _train_unit(self, unit: list[Any]) -> None:
+        start = time.perf_counter()
+        self.loss.reset()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.pipe is None:
+            samples, comm_s, exposed_s = self._replica_step(unit)
+        else:
+            samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
+        elapsed = time.perf_counter() - start
+        self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
+        if self.stragglers is not None:  # own work: the step less the wait for the others' gradients
+            self.stragglers.step(max(0.0, elapsed - exposed_s))
+        if self.loss.count:
+            assert self.loss.total is not None
+            self.last = self.loss.total / self.loss.count
+            total, count = self.epoch_sums
+            self.epoch_sums = [
+                self.loss.total if total is None else total + self.loss.total,
+                count + self.loss.count,
+            ]
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True)
+
+    def _threaded_step(self, threaded: ThreadedDataParallel, chunk: list[Batch]) -> tuple[int, float, float]:
+        """One optimizer step of the seeds' single-process DataParallel (no accumulation: refused)."""
+        (x, y), start = chunk[0], time.perf_counter()
+        self.loss.record(threaded.forward_backward(x, y), len(y))
+        self.recorder.add("forward+backward", start, time.perf_counter(), devices=len(threaded.devices))
+        with self.recorder.span("optimizer", step=self.step):
+            self.optimizer.step()
+        self.step += 1
+        return len(y), 0.0, 0.0  # no process group: nothing is communicated between processes
+
+    def _replica_step(self, chunk: list[Batch]) -> tuple[int, float, float]:
+        """One optimizer step without a pipeline: every micro-batch forward and backward, the last syncing."""
+        if self.threaded is not None:
+            return self._threaded_step(self.threaded, chunk)
+        model = self.model
+        assert model is not None
+        batches = [(self._to_device(x), self._to_device(y)) for x, y in chunk]
+        self.loss.prepare(x for x, _ in batches)
+        total = sum(len(y) for _, y in batches)
+        for i, (x, y) in enumerate(batches):
+            sync: AbstractContextManager[None] = nullcontext() if i == len(batches) - 1 else model.no_sync()
+            with sync:
+                with self.recorder.span("forward", micro_batch=i), self.amp.autocast():
+                    out = model(x)
+                loss = self.loss(out, y) * (len(y) / total)  # the mean over the step's samples
+                with self.recorder.span("backward", micro_batch=i):
+                    loss.backward()  # type: ignore[no-untyped-call]
+        with self.recorder.span("optimizer", step=self.step):
+            self._optimizer_step(pipeline_wide=True)
+        self.step += 1
+        return total, *self._comm_of(model)
+
+    def _pipeline_step(self, pipe: _Pipeline, unit: list[list[MicroBatch]]) -> tuple[int, float, float]:
+        """K runs of the schedule, the last one synchronizing DDP and stepping (pipedream: K = 1)."""
+        self.loss.weight = 1.0 / len(unit)
+        comm = [0.0, 0.0]
+        samples = 0
+        for k, micro in enumerate(unit):
+            micro = [(self._to_device(x), self._to_device(y)) for x, y in micro]
+            samples += sum(len(y) for _, y in micro)
+            if pipe.runner.is_last:
+                self.loss.prepare(x for x, _ in micro)
+            schedule = build(pipe.schedule, self.cfg.pp, len(micro))
+            pipe.micro_batches_per_run = max(pipe.micro_batches_per_run, len(micro))
+            last = k == len(unit) - 1
+            pipe.stage.arm(schedule, self.mesh.pp_rank, sync=last)
+            step: Callable[[], None] = (
+                (lambda: self._pipeline_optimizer_step(pipe, comm)) if last else _nothing
+            )
+            self._record(pipe, pipe.runner.run(schedule, micro, step=step))
+        return samples, comm[0], comm[1]
+
+    def _pipeline_optimizer_step(self, pipe: _Pipeline, comm: list[float]) -> None:
+        synchronous = pipe.schedule in SYNCHRONOUS
+        if pipe.ddp is not None:
+            if not synchronous:
+                pipe.ddp.sync_gradients()
+            stats = pipe.ddp.last_sync
+            comm[0] += stats.comm_time_s
+            comm[1] += stats.exposed_s if synchronous else stats.comm_time_s
+            for s in stats.spans:
+                self.recorder.add(
+                    f"all_reduce bucket {s.bucket}",
+                    s.start,
+                    s.end,
+                    "comm",
+                    bytes=s.nbytes,
+                    stage=self.mesh.pp_rank,
+                )
+        self._optimizer_step(pipeline_wide=synchronous)
+        self.step += 1  # called once per unit by gpipe and 1f1b, per micro-batch by pipedream
+
+    def _optimizer_step(self, pipeline_wide: bool) -> None:
+        """Step every rank (rank 0 alone in the master mode); under amp all agree to skip a bad step."""
+
+        def agree(ok: bool) -> bool:
+            flag = torch.tensor([1.0 if ok else 0.0], device=self.device)
+            groups = [None] if pipeline_wide else [self.mesh.tp_group, self.mesh.dp_group]
+            for group in groups:  # pipedream: stages step at different times, so only within a stage
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+            return bool(flag.item() == 1.0)
+
+        if isinstance(self.model, MasterDataParallel):
+            self.model.last_comm = []
+            if self.cfg.amp == "off" or agree(_all_finite(self.net)):
+                self.model.step(self.optimizer)
+            else:
+                self.amp.skipped_steps += 1
+            return
+        self.amp.step(self.optimizer, agree)
+
+    def _comm_of(self, model: DistributedDataParallel | MasterDataParallel) -> tuple[float, float]:
+        """The last step's communication time and the part of it exposed; its spans go to the trace."""
+        if isinstance(model, MasterDataParallel):
+            for name, s in zip(("reduce", "broadcast"), model.last_comm, strict=False):  # none if skipped
+                self.recorder.add(name, s.start, s.end, "comm", bytes=s.nbytes, algorithm=self.cfg.algorithm)
+            comm_s = sum(s.end - s.start for s in model.last_comm)
+            return comm_s, comm_s  # nothing overlaps the master's reduce and broadcast
+        stats = model.last_sync
+        for s in stats.spans:
+            self.recorder.add(
+                f"all_reduce bucket {s.bucket}",
+                s.start,
+                s.end,
+                "comm",
+                bytes=s.nbytes,
+                algorithm=self.cfg.algorithm,
+            )
+        return stats.comm_time_s, stats.exposed_s
+
+    def _record(self, pipe: _Pipeline, result: StageRun) -> None:
+        """Trace spans, the run's [start, end, busy] window, the memory and version peaks."""
+        work = [s for s in result.spans if s.kind != "step"]
+        for s in result.spans:
+            self.recorder.add(s.kind, s.start, s.end, micro_batch=s.micro_batch, stage=self.mesh.pp_rank)
+        offset = time.time() - time.perf_counter()  # wall clock: comparable across the host's processes
+        busy = sum(s.end - s.start for s in work)
+        pipe.windows.append([work[0].start + offset, work[-1].end + offset, busy])
+        pipe.peak_activation_bytes = max(pipe.peak_activation_bytes, result.peak_activation_bytes)
+        pipe.peak_versions = max(pipe.peak_versions, result.peak_versions)
+
+    def _read_last(self) -> float:
+        """The last step's loss on the host (the one read per log interval); nan on a non-last stage."""
+        return float("nan") if self.last is None else float(self.last)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _resume(self) -> int | None:
+        """Load the newest usable checkpoint when --resume asks for it, or when torch's elastic agent
+        restarted this group after a failure; the step it continues from."""
+        cfg = self.cfg
+        if not (cfg.resume or restart_count()) or cfg.checkpoint_dir is None:
+            return None
+        state = checkpoint.load(cfg.checkpoint_dir, report=print if self.rank == 0 else None)
+        if state is None:
+            if self.rank == 0:
+                print(f"# no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0")
+            return None
+        name = self.t.names["model"]
+        if state["model_name"] != name:
+            raise ValueError(
+                f"the checkpoint in {cfg.checkpoint_dir} holds model {state['model_name']!r}, not {name!r}; "
+                f"pass --model {state['model_name']} or another --checkpoint-dir"
+            )
+        tensor_parallel.load(self.net, self.optimizer, name, state)
+        if "rng" in state:  # the run continues with the random stream it would have had
+            torch.set_rng_state(state["rng"])
+        if self.amp.scaler is not None and "scaler" in state:
+            self.amp.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        return self.step
+
+    def _save(self) -> None:
+        cfg = self.cfg
+        if cfg.checkpoint_dir is None:
+            return
+        if self.pipe is not None:
+            gather_stages(self.pipe.stages, self.mesh.pp_rank, self.mesh.pp_group)
+        model = tensor_parallel.model_state(self.net, self.t.names["model"])  # dense: resumes at any --tp
+        optimizer = tensor_parallel.optimizer_state(self.net, self.optimizer, self._owned())
+        if self.pipe is not None:
+            optimizer = tensor_parallel.union_over(optimizer, self.mesh.pp_group, cfg.pp)
+        if self.rank == 0:
+            state = {
+                "step": self.step,
+                "model_name": self.t.names["model"],
+                "model": {k: v.cpu() for k, v in model.items()},
+                "optimizer": tensor_parallel.to_cpu(optimizer),
+                "rng": torch.get_rng_state(),
+            }
+            if self.amp.scaler is not None:
+                state["scaler"] = self.amp.scaler.state_dict()
+            checkpoint.save(cfg.checkpoint_dir, state, keep=cfg.get("keep_checkpoints"))
+        dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
+
+    def _owned(self) -> set[int] | None:
+        """Indices (in net.parameters()) of the parameters this rank's stage trains; None: all."""
+        if self.pipe is None:
+            return None
+        mine = {id(p) for p in self.pipe.stages[self.mesh.pp_rank].parameters()}
+        return {i for i, p in enumerate(self.net.parameters()) if id(p) in mine}
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def _summary(self, resumed_from: int | None) -> dict[str, Any]:
+        cfg, mesh = self.cfg, self.mesh
+        if self.pipe is not None:
+            gather_stages(self.pipe.stages, mesh.pp_rank, mesh.pp_group)
+        if self.pipe is not None and self.pipe.ddp is not None:
+            self.pipe.ddp.close()
+        if isinstance(self.model, DistributedDataParallel):
+            self.model.close()
+        accuracy, test_loss = evaluate(self.net, self.t.test_set, self.t.loss_fn, self.device)
+        train_loss, final_loss = self._losses()
+        world = dist.get_world_size()
+        segments = torch.tensor([float(self.segments)], device=self.device)
+        dist.all_reduce(segments, op=dist.ReduceOp.MAX)  # stages may checkpoint different numbers
+        metrics: dict[str, Any] = {
+            "accuracy": accuracy,
+            "test_loss": test_loss,
+            "train_loss": train_loss,
+            "final_loss": final_loss,
+            **self.meter.slowest_rank_means(self.device),
+            "predicted_step_time_s": None,
+            "world_size": world,
+            "nodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+            "dp": mesh.dp,
+            "tp": mesh.tp,
+            "pp": mesh.pp,
+            "backend": dist.get_backend(),
+            "parameters": self.parameters,
+            "steps": self.step,
+            "resumed_from_step": resumed_from,
+            "restarts": restart_count(),
+            "stragglers": [] if self.stragglers is None else self.stragglers.summary(),
+            "skipped_steps": self.amp.skipped_steps,
+            "checkpoint_segments": int(segments.item()),
+            "distilled_from": cfg.teacher,
+        }
+        if self.pipe is not None:
+            metrics |= self._pipeline_metrics(self.pipe)
+        if self.threaded is not None:
+            stats = self.threaded.stats()
+            metrics |= {
+                "devices": stats.get("devices"),
+                "device_held_bytes": stats.get("held_bytes"),
+                "device_imbalance": stats.get("imbalance"),
+            }
+        return build_summary(metrics, cfg, self.t.names)
+
+    def _losses(self) -> tuple[float | None, float | None]:
+        """(last epoch's mean, last step's mean) training loss over every replica: one host read."""
+        total, count = self.epoch_sums
+        zero = torch.zeros((), device=self.device)
+        sums = torch.stack(
+            [
+                zero if total is None else total.float(),
+                zero + count,
+                zero if self.last is None else self.last.float(),
+                zero + (self.last is not None),
+            ]
+        )
+        dist.all_reduce(sums)
+        epoch_sum, epoch_n, last_sum, last_n = sums.tolist()
+        return (epoch_sum / epoch_n if epoch_n else None), (last_sum / last_n if last_n else None)
+
+    def _pipeline_metrics(self, pipe: _Pipeline) -> dict[str, Any]:
+        cfg, group = self.cfg, self.mesh.pp_group
+        mine = torch.tensor(pipe.windows or [[0.0, 1.0, 0.0]], dtype=torch.float64, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(cfg.pp)]
+        dist.all_gather(every, mine, group=group)
+        peaks = torch.tensor(
+            [float(pipe.peak_activation_bytes), float(pipe.peak_versions)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        per_stage = [torch.empty_like(peaks) for _ in range(cfg.pp)]
+        dist.all_gather(per_stage, peaks, group=group)
+        return {
+            "bubble_fraction": measured_bubble(torch.stack(every).cpu()),
+            "theoretical_bubble_fraction": theoretical_bubble_fraction(cfg.pp, pipe.micro_batches_per_run),
+            "peak_activation_bytes_per_stage": [int(t[0]) for t in per_stage],
+            "weight_versions_per_stage": [int(t[1]) for t in per_stage],
+        }
 
 
-def _epoch(run: Run, epoch: int, bar: ProgressBar) -> None:
-    run.sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
-    first = epoch * run.steps_per_epoch
-    for j, chunk in enumerate(_chunks(run.loader, run.cfg.accumulate)):
-        if first + j < run.step:
-            continue  # done before the checkpoint we resumed from
-        _step(run, chunk)
-        run.step += 1
-        bar.update(run.step, run.last_loss, run.meter.rate())
-        every = run.cfg.checkpoint_every
-        if every and run.step % every == 0:
-            _save(run)
-    if not run.cfg.checkpoint_every:
-        _save(run)
+def _nothing() -> None:
+    """The step callback of a pipeline run that only accumulates gradients."""
 
 
-def _chunks(loader: Iterable[Batch], k: int) -> Iterator[list[Batch]]:
-    """The loader's batches in groups of k (one optimizer step each; the last group may be short)."""
-    group: list[Batch] = []
-    for batch in loader:
-        group.append(batch)
+def _groups(items: Iterable[Any], k: int) -> Iterator[list[Any]]:
+    """The items in groups of k (one optimizer step each; the last group may be short)."""
+    group: list[Any] = []
+    for item in items:
+        group.append(item)
         if len(group) == k:
             yield group
             group = []
@@ -168,126 +684,7 @@ def _chunks(loader: Iterable[Batch], k: int) -> Iterator[list[Batch]]:
         yield group
 
 
-def _step(run: Run, chunk: Sequence[Batch]) -> None:
-    """One optimizer step: forward and backward of every micro-batch, the last one synchronizing."""
-    start = time.perf_counter()
-    run.optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
-    for i, (x, y) in enumerate(chunk):
-        sync: AbstractContextManager[None] = nullcontext() if i == len(chunk) - 1 else run.model.no_sync()
-        with sync:
-            with run.recorder.span("forward", micro_batch=i), run.amp.autocast():
-                loss = _loss(run, x, y) / len(chunk)  # the mean over the K micro-batches' samples
-            with run.recorder.span("backward", micro_batch=i):
-                run.amp.backward(loss)
-        loss_sum += float(loss.detach())
-    with run.recorder.span("optimizer", step=run.step):
-        _optimizer_step(run)
-    elapsed = time.perf_counter() - start
-    comm_s, exposed_s, spans = _comm_of(run.model)
-    for s in spans:
-        run.recorder.add(s.name, s.start, s.end, "comm", bytes=s.nbytes, algorithm=run.cfg.algorithm)
-    samples = sum(len(y) for _, y in chunk) * run.sampler.num_replicas  # the DP ranks' samples
-    run.meter.add(elapsed, comm_s, exposed_s, samples)
-    run.last_loss = loss_sum
+def _all_finite(net: nn.Module) -> bool:
+    from ringtree.train.techniques.amp import all_finite
 
-
-def _loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy on the labels, or the distillation loss when there is a teacher (in fp32)."""
-    logits = run.model(x).float()
-    if run.teacher is None:
-        return F.cross_entropy(logits, y)
-    with torch.no_grad():
-        soft = run.teacher(x).float()
-    return distillation_loss(logits, soft, y, run.cfg.distill_temperature, run.cfg.distill_alpha)
-
-
-def _optimizer_step(run: Run) -> None:
-    """Step (rank 0 alone in dp mode); under amp, every rank skips a step whose gradients are not finite."""
-    finite = True if run.cfg.amp == "off" else _finite_on_every_rank(run.net)
-    if isinstance(run.model, MasterDataParallel):
-        if finite:
-            run.model.step(run.optimizer)
-        else:
-            run.amp.skipped_steps += 1
-    else:
-        run.amp.step(run.optimizer, finite)
-
-
-def _finite_on_every_rank(net: nn.Module) -> bool:
-    """One flag all-reduced with MIN: the ranks agree (in dp mode each sees only its own gradients)."""
-    flag = torch.tensor([1.0 if all_finite(net.parameters()) else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item() == 1.0)
-
-
-@dataclass(frozen=True)
-class _Named:
-    name: str
-    start: float
-    end: float
-    nbytes: int
-
-
-def _comm_of(model: Wrapped) -> tuple[float, float, list[_Named]]:
-    """The last step's communication time, the part of it exposed, and its spans."""
-    if isinstance(model, MasterDataParallel):
-        names = ("reduce", "broadcast")
-        spans = [_Named(n, s.start, s.end, s.nbytes) for n, s in zip(names, model.last_comm, strict=True)]
-        comm_s = sum(s.end - s.start for s in spans)
-        return comm_s, comm_s, spans  # nothing overlaps the master's reduce and broadcast
-    stats = model.last_sync
-    return stats.comm_time_s, stats.exposed_s, [_bucket(s) for s in stats.spans]
-
-
-def _bucket(s: Span) -> _Named:
-    return _Named(f"all_reduce bucket {s.bucket}", s.start, s.end, s.nbytes)
-
-
-def _save(run: Run) -> None:
-    if run.cfg.checkpoint_dir is None:
-        return
-    model = tensor_parallel.model_state(run.net, run.cfg.model)  # dense: --tp N resumes at any N
-    optimizer = tensor_parallel.optimizer_state(run.net, run.optimizer)
-    if run.rank == 0:
-        state = {"step": run.step, "model_name": run.cfg.model, "model": model, "optimizer": optimizer}
-        checkpoint.save(run.cfg.checkpoint_dir, state)
-    dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
-
-
-@torch.no_grad()
-def evaluate(net: nn.Module, test_set: TensorDataset) -> tuple[float, float]:
-    """(accuracy as a fraction of 1, mean cross-entropy) on the held-out split."""
-    x, y = test_set.tensors
-    net.eval()
-    logits = net(x)
-    net.train()
-    return float((logits.argmax(dim=1) == y).float().mean()), float(F.cross_entropy(logits, y))
-
-
-def _summary(run: Run, accuracy: float, test_loss: float, resumed_from: int | None) -> dict[str, Any]:
-    cfg = run.cfg
-    return {
-        "accuracy": accuracy,
-        "test_loss": test_loss,
-        "train_loss": run.last_loss,
-        **run.meter.slowest_rank_means(),
-        "predicted_step_time_s": None,
-        "world_size": dist.get_world_size(),
-        "nodes": dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
-        "mode": cfg.mode,
-        "algorithm": cfg.algorithm,
-        "model": cfg.model,
-        "parameters": sum(p.numel() for p in run.net.parameters()),
-        "compression": cfg.compression,
-        "bucket_mb": cfg.bucket_mb,
-        "overlap": cfg.overlap,
-        "batch_size": cfg.batch_size,
-        "accumulate": cfg.accumulate,
-        "steps": run.step,
-        "resumed_from_step": resumed_from,
-        "amp": cfg.amp,
-        "skipped_steps": run.amp.skipped_steps,
-        "checkpoint_segments": getattr(run.net, "checkpoint_segments", 0),
-        "distilled_from": cfg.teacher,
-    }
+    return all_finite(net.parameters())

@@ -1,10 +1,12 @@
 """The pipeline runtime: one stage runs its schedule's actions with torch.distributed point-to-point.
 
 Indices: p stages, m micro-batches, j stage (this rank's), i micro-batch. Activations go forward
-and gradients backward as a fixed-size header (shape and dtype) followed by the data; sends are
-non-blocking and awaited at the end of the schedule, receives wait at most timeout_s. A stage that
-fails sends an abort header to its neighbours, which raise and pass it on, so a failure in one
-stage raises on every stage instead of leaving the others waiting.
+and gradients backward through `exchange.Exchange`: receives are posted at the start of the run,
+sends never block and are awaited at the end of the schedule, receives wait at most timeout_s
+(docs/pipeline.md shows the timeline). Tensors live on the stage's device (its parameters'). The
+last stage computes `loss_fn(output, labels)`; losses stay on the device until the run ends. A
+stage that fails sends an abort header to its neighbours, which raise and pass it on, so a failure
+in one stage raises on every stage instead of leaving the others waiting.
 """
 
 from __future__ import annotations
@@ -12,22 +14,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ringtree.comm.errors import CollectiveError
+from ringtree.parallel.pipeline.exchange import Aborted, Exchange
 from ringtree.parallel.pipeline.stash import WeightStash
 from ringtree.schedules.pipeline import SYNCHRONOUS, Action, Kind, PipelineSchedule
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels)
-HEADER = 8  # int64 slots: ndim (or ABORT), up to 6 sizes, dtype code
-ABORT = -1
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-ABORT_WAIT_S = 2.0  # how long a failing stage waits for its abort messages to leave
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, labels) -> mean loss
 
 
 @dataclass(frozen=True)
@@ -51,13 +49,29 @@ class StageRun:
 
 
 class PipelineStage:
-    """This rank's stage of a pipeline whose stage j runs on global rank ranks[j]."""
+    """This rank's stage of a pipeline whose stage j runs on global rank ranks[j].
 
-    def __init__(self, module: nn.Module, stage: int, ranks: Sequence[int], timeout_s: float = 60.0) -> None:
+    The last stage turns its output and the micro-batch's targets into the loss with `loss_fn`.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        stage: int,
+        ranks: Sequence[int],
+        timeout_s: float = 60.0,
+        *,
+        loss_fn: LossFn = F.cross_entropy,
+        device: torch.device | None = None,
+    ) -> None:
         if not 0 <= stage < len(ranks):
             raise ValueError(f"stage {stage} is not one of the {len(ranks)} stages of ranks {list(ranks)}")
         self.module, self.stage, self.ranks, self.timeout_s = module, stage, list(ranks), timeout_s
         self.is_first, self.is_last = stage == 0, stage == len(ranks) - 1
+        self.loss_fn = loss_fn
+        first = next(module.parameters(), None)
+        self.device = device or (first.device if first is not None else torch.device("cpu"))
+        self.exchange = Exchange(stage, self.ranks, self.device, timeout_s)
 
     def run(
         self,
@@ -74,22 +88,16 @@ class PipelineStage:
         execution = _Execution(self, schedule, micro_batches, step)
         try:
             return execution.run()
-        except _Aborted as e:
-            execution.abort(e.failed, came_from=e.came_from)
+        except Aborted as e:
+            self.exchange.abort(e.failed, came_from=e.came_from)
             raise CollectiveError(str(e), peer=self.ranks[e.failed]) from None
         except BaseException:
-            execution.abort(self.stage, came_from=None)
+            self.exchange.abort(self.stage, came_from=None)
             raise
 
 
-class _Aborted(Exception):
-    def __init__(self, message: str, failed: int, came_from: int) -> None:
-        super().__init__(message)
-        self.failed, self.came_from = failed, came_from
-
-
 class _Execution:
-    """The state of one run: saved tensors per micro-batch in flight, pending sends, spans."""
+    """The state of one run: saved tensors per micro-batch in flight, losses, spans."""
 
     def __init__(
         self,
@@ -99,28 +107,32 @@ class _Execution:
         step: Callable[[], None],
     ) -> None:
         self.st, self.s, self.batches, self.step = stage, s, batches, step
+        self.ex = stage.exchange
         total = sum(len(y) for _, y in batches)
         # Synchronous schedules accumulate one step's gradient: each micro-batch's mean loss by its share.
         self.scale = [len(y) / total if s.name in SYNCHRONOUS else 1.0 for _, y in batches]
         self.stash = None if s.name in SYNCHRONOUS else WeightStash(stage.module, s.actions[stage.stage])
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # i -> (input, output or loss)
         self.saved_bytes: dict[int, int] = {}
-        self.sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self.losses: list[torch.Tensor] = []  # detached, on the device: read once, at the end
         self.out = StageRun()
 
     def run(self) -> StageRun:
-        for a in self.s.actions[self.st.stage]:
+        j = self.st.stage
+        receives = [self.s.recv_of(j, a) for a in self.s.actions[j]]
+        self.ex.start([(r.what, r.micro_batch) for r in receives if r is not None], self.s.name)
+        for a in self.s.actions[j]:
             {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}[a.kind](a)
-        for work, _ in self.sends:
-            self.wait(work, "send", -1)
-        self.sends.clear()
+        self.ex.finish()
+        if self.losses:
+            self.out.losses = [float(v) for v in torch.stack(self.losses).tolist()]
         if self.stash is not None:
             self.out.peak_versions = self.stash.peak_versions
         return self.out
 
     def forward(self, a: Action) -> None:
         i = a.micro_batch
-        x = self.batches[i][0] if self.st.is_first else self.recv("activation", i).requires_grad_()
+        x = self._input(i)
         start = time.perf_counter()
         params = {p.untyped_storage().data_ptr() for p in self.st.module.parameters()}
         if self.stash is not None:
@@ -138,19 +150,25 @@ class _Execution:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.st.module(x) if self.stash is None else self.stash.forward(i, a.version, x)
             if self.st.is_last:
-                loss = F.cross_entropy(out, self.batches[i][1])
-                self.out.losses.append(float(loss.detach()))
+                loss = self.st.loss_fn(out, self.batches[i][1].to(self.st.device, non_blocking=True))
+                self.losses.append(loss.detach())
                 out = loss * self.scale[i]
         self.out.peak_activation_bytes = max(self.out.peak_activation_bytes, sum(self.saved_bytes.values()))
         self.saved[i] = (x, out)
         self.span("forward", i, start)
         if not self.st.is_last:
-            self.send(out.detach(), self.st.stage + 1)
+            self.ex.send("activation", i, out)
+            self.ex.expect("gradient", i, (tuple(out.shape), out.dtype))  # its gradient's receive, early
+
+    def _input(self, i: int) -> torch.Tensor:
+        if self.st.is_first:
+            return self.batches[i][0].to(self.st.device, non_blocking=True)
+        return self.ex.recv("activation", i).requires_grad_()
 
     def backward(self, a: Action) -> None:
         i = a.micro_batch
         x, out = self.saved.pop(i)
-        grad = None if self.st.is_last else self.recv("gradient", i)
+        grad = None if self.st.is_last else self.ex.recv("gradient", i)
         start = time.perf_counter()
         torch.autograd.backward(out, grad)
         del self.saved_bytes[i]
@@ -159,7 +177,7 @@ class _Execution:
         self.span("backward", i, start)
         if not self.st.is_first:
             assert x.grad is not None, "a received activation always requires grad"
-            self.send(x.grad, self.st.stage - 1)
+            self.ex.send("gradient", i, x.grad)
 
     def do_step(self, a: Action) -> None:
         start = time.perf_counter()
@@ -170,56 +188,3 @@ class _Execution:
 
     def span(self, kind: str, i: int, start: float) -> None:
         self.out.spans.append(ActionSpan(kind, i, start, time.perf_counter()))
-
-    def send(self, t: torch.Tensor, stage: int) -> None:
-        t = t.contiguous()
-        header = torch.zeros(HEADER, dtype=torch.int64)
-        header[0], header[-1] = t.dim(), DTYPES.index(t.dtype)
-        header[1 : 1 + t.dim()] = torch.tensor(t.shape)
-        for part in (header, t):
-            work = dist.isend(part, self.st.ranks[stage])
-            assert work is not None, "isend to another rank returns a Work"
-            self.sends.append((work, part))
-
-    def recv(self, what: str, i: int) -> torch.Tensor:
-        peer = self.st.stage + (-1 if what == "activation" else 1)
-        header = torch.zeros(HEADER, dtype=torch.int64)
-        self.wait(dist.irecv(header, self.st.ranks[peer]), f"the header of the {what}", i)
-        if int(header[0]) == ABORT:
-            failed = int(header[1])
-            raise _Aborted(
-                f"pipeline stage {self.st.stage} (rank {self.st.ranks[self.st.stage]}) stops: stage "
-                f"{failed} (rank {self.st.ranks[failed]}) failed; see that rank's error",
-                failed,
-                peer,
-            )
-        ndim = int(header[0])
-        t = torch.empty([int(d) for d in header[1 : 1 + ndim]], dtype=DTYPES[int(header[-1])])
-        self.wait(dist.irecv(t, self.st.ranks[peer]), f"the {what}", i)
-        return t
-
-    def wait(self, work: dist.Work | None, what: str, i: int) -> None:
-        assert work is not None, "point-to-point with another rank returns a Work"
-        try:
-            work.wait(timeout=timedelta(seconds=self.st.timeout_s))
-        except RuntimeError as e:
-            raise CollectiveError(
-                f"pipeline stage {self.st.stage} (rank {self.st.ranks[self.st.stage]}) could not complete "
-                f"{what} of micro-batch {i} within {self.st.timeout_s:.0f}s ({self.s.name} schedule): a "
-                f"neighbouring stage failed or is stuck ({e})"
-            ) from None
-
-    def abort(self, failed: int, came_from: int | None) -> None:
-        """Tell the neighbouring stages (but the one the abort came from) that stage `failed` failed."""
-        header = torch.zeros(HEADER, dtype=torch.int64)
-        header[0], header[1] = ABORT, failed
-        works = []
-        for peer in (self.st.stage - 1, self.st.stage + 1):
-            if 0 <= peer < len(self.st.ranks) and peer != came_from:
-                works.append(dist.isend(header.clone(), self.st.ranks[peer]))
-        for work in works:
-            try:
-                if work is not None:
-                    work.wait(timeout=timedelta(seconds=ABORT_WAIT_S))
-            except RuntimeError:
-                pass  # the neighbour is gone or stuck itself; its own timeout covers it

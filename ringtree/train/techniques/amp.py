@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -50,32 +50,36 @@ class MixedPrecision:
         scaled = loss if self.scaler is None else self.scaler.scale(loss)
         scaled.backward()  # type: ignore[no-untyped-call]
 
-    def step(self, optimizer: torch.optim.Optimizer, finite: bool | None = None) -> bool:
-        """Step unless the gradients are not finite; True when the step was applied.
+    def step(self, optimizer: torch.optim.Optimizer, agree: Callable[[bool], bool] | None = None) -> bool:
+        """Step unless a gradient is not finite; True when the step was applied.
 
-        finite: the caller's verdict (e.g. agreed across ranks); None checks the local gradients.
+        agree: turns this rank's verdict into the one every rank shares (e.g. an all-reduce of
+        the flag), so that data- and pipeline-parallel ranks skip the same steps. With amp off
+        nothing is checked (no host sync).
         """
-        if self.scaler is not None:
-            return self._scaled_step(optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        ok = all_finite(params) if finite is None else finite
-        if ok:
+        if self.mode == "off":
             optimizer.step()
-        else:
-            self.skipped_steps += 1
+            return True
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        ok = all_finite(params)
+        ok = ok if agree is None else agree(ok)
+        if self.scaler is not None:
+            if ok:
+                self.scaler.step(optimizer)  # the unscaled gradients are finite here: it steps
+                self.scaler.update()
+            else:  # back off as GradScaler would, the same on every rank
+                self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+        elif ok:
+            optimizer.step()
+        self.skipped_steps += 0 if ok else 1
         return ok
-
-    def _scaled_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        assert self.scaler is not None
-        before = self.scaler.get_scale()
-        self.scaler.step(optimizer)  # skipped by the scaler when a gradient is inf or NaN
-        self.scaler.update()
-        applied = self.scaler.get_scale() >= before  # the scale drops exactly when it skipped
-        self.skipped_steps += 0 if applied else 1
-        return applied
 
 
 def all_finite(params: Iterable[nn.Parameter | torch.Tensor]) -> bool:
     """True when no gradient holds inf or NaN (parameters without a gradient count as finite)."""
     grads = [p.grad for p in params if p.grad is not None]
-    return all(bool(torch.isfinite(g).all()) for g in grads)
+    if not grads:
+        return True
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())  # one host sync

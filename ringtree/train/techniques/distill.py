@@ -20,11 +20,16 @@ def distillation_loss(
     The T^2 keeps the soft term's gradients on the same scale as the hard one's whatever T is.
     student, teacher: logits [b, classes]; labels [b].
     """
+    hard = F.cross_entropy(student, labels)
+    return alpha * soft_loss(student, teacher, temperature) + (1 - alpha) * hard
+
+
+def soft_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 x KL(softmax(teacher/T) || softmax(student/T)): the teacher's term of distillation_loss."""
     log_p_student = F.log_softmax(student / temperature, dim=1)
     log_p_teacher = F.log_softmax(teacher / temperature, dim=1)
     soft = F.kl_div(log_p_student, log_p_teacher, reduction="batchmean", log_target=True)
-    hard = F.cross_entropy(student, labels)
-    return alpha * temperature**2 * soft + (1 - alpha) * hard
+    return temperature**2 * soft
 
 
 def check_distill(temperature: float, alpha: float) -> None:
@@ -41,7 +46,7 @@ def load_teacher(path: str | Path, build: Callable[[str], nn.Module]) -> tuple[n
     build(name) makes an empty model of the checkpoint's recorded kind; returns (model, name).
     """
     file = teacher_file(path)
-    state = torch.load(file, map_location="cpu", weights_only=True)  # tensors only: no code runs
+    state = checkpoint.read(file)  # weights_only: no code runs; a damaged file is named, with why
     name = state.get("model_name") if isinstance(state, dict) else None
     if not isinstance(name, str) or "model" not in state:
         raise ValueError(

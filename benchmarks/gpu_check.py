@@ -1,0 +1,394 @@
+"""Exercise every CUDA path of ringtree in under two minutes and write what was measured as JSON.
+
+    python benchmarks/gpu_check.py --json gpu_check.json            # one rank per visible GPU
+    python benchmarks/gpu_check.py --nproc 2 --json gpu_check.json  # or fewer
+
+Checks, each on every rank (one per GPU, NCCL), each recorded as ok / skipped (with the reason) /
+failed (with the error) so that one broken path does not hide the others:
+
+- ddp: ringtree.DistributedDataParallel with every algorithm (comm.algorithms()): gradients
+  against the plain all-reduce average, and ms per step;
+- tp: a transformer block sharded with ringtree.parallel.tensor (ParallelBlock.from_dense):
+  output and input gradient against the dense block (needs 2 or more GPUs);
+- pp: the vit cut into one stage per rank (ringtree.parallel.pipeline), 1f1b with 8 micro-batches:
+  gradients against the unpipelined model, and the measured bubble (needs 2 or more GPUs);
+- amp: the vit trained for a few steps under autocast fp16 (with torch.amp.GradScaler) and bf16;
+- h2d: host-to-device copy bandwidth of 64 MiB from pinned and from pageable memory;
+- checkpoint: peak memory of a deeper vit's forward + backward with and without activation
+  checkpointing (torch.utils.checkpoint, through the vit's checkpoint_segments).
+
+Ranks are started by torch's elastic launcher (torch.distributed.launcher.api.elastic_launch),
+not by hand. On a machine without CUDA it prints "no CUDA device: nothing to check", writes a JSON
+saying so and exits 0. `--allow-cpu` runs the same checks on CPU with gloo (the CUDA-only ones
+skipped): a way to test this script where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from ringtree import DistributedDataParallel, comm
+from ringtree.bench import environment
+from ringtree.parallel.pipeline.partition import partition
+from ringtree.parallel.pipeline.runtime import PipelineStage
+from ringtree.parallel.tensor import ParallelBlock
+from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+from ringtree.train.models import Block, ViT
+from ringtree.train.stages import model_layers
+
+NO_CUDA = "no CUDA device: nothing to check"
+TIMEOUT_S = 60.0  # a collective stuck longer than this fails its check instead of hanging the run
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
+    """Median seconds of fn() over `repeats` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def check_ddp(device: torch.device) -> dict[str, Any]:
+    """Every algorithm's DDP gradients against the plain average, and ms per step."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to(device)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(64, 256, generator=g).to(device), torch.randn(64, 256, generator=g).to(device)
+    reference = copy.deepcopy(base)
+    F.mse_loss(reference(x), y).backward()
+    expected = []
+    for p in reference.parameters():
+        assert p.grad is not None
+        dist.all_reduce(p.grad)
+        expected.append(p.grad / world)
+    out: dict[str, Any] = {}
+    for algorithm in comm.algorithms():
+        model = copy.deepcopy(base)
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids, algorithm=algorithm, timeout_s=TIMEOUT_S)
+
+        def step(ddp: nn.Module = ddp, model: nn.Module = model) -> None:
+            model.zero_grad(set_to_none=True)
+            F.mse_loss(ddp(x), y).backward()
+
+        seconds = _timed(step, device)
+        error = max(
+            float((p.grad - e).abs().max())
+            for p, e in zip(model.parameters(), expected, strict=True)
+            if p.grad is not None
+        )
+        out[algorithm] = {"max_abs_grad_error": error, "ms_per_step": seconds * 1e3, "ok": error < 1e-4}
+    return out
+
+
+def check_tp(device: torch.device) -> dict[str, Any]:
+    """A block sharded over every rank against the dense block: output and input gradient."""
+    if dist.get_world_size() < 2:
+        return {"skipped": "tensor parallelism needs 2 or more ranks (GPUs)"}
+    torch.manual_seed(0)
+    dense = Block(256, 8).to(device)
+    parallel = ParallelBlock.from_dense(dense, None, "ring").to(device)
+    x = torch.randn(16, 33, 256, generator=torch.Generator().manual_seed(1)).to(device)
+    xd, xp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    dense(xd).sum().backward()
+    out = parallel(xp)
+    out.sum().backward()
+    assert xd.grad is not None and xp.grad is not None
+    with torch.no_grad():
+        out_error = float((out - dense(x)).abs().max())
+    grad_error = float((xp.grad - xd.grad).abs().max())
+    seconds = _timed(lambda: parallel(x).sum().backward(), device)
+    return {
+        "max_abs_output_error": out_error,
+        "max_abs_input_grad_error": grad_error,
+        "ms_per_forward_backward": seconds * 1e3,
+        "ok": max(out_error, grad_error) < 1e-3,
+    }
+
+
+def check_pp(device: torch.device) -> dict[str, Any]:
+    """The vit, one stage per rank, 1f1b over 8 micro-batches: gradients and the bubble."""
+    p, rank, m = dist.get_world_size(), dist.get_rank(), 8
+    if p < 2:
+        return {"skipped": "pipeline parallelism needs 2 or more ranks (GPUs)"}
+    torch.manual_seed(0)
+    net = ViT().to(device)
+    reference = copy.deepcopy(net)
+    layers = model_layers(net)
+    if p > len(layers):
+        return {"skipped": f"the vit has {len(layers)} layers: at most {len(layers)} stages"}
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.rand(256, 64, generator=g).to(device), torch.randint(0, 10, (256,), generator=g).to(device)
+    F.cross_entropy(reference(x), y).backward()
+    stage = partition(layers, p)[rank]
+    runner = PipelineStage(stage, rank, list(range(p)), TIMEOUT_S, device=device)
+    batches = list(zip(x.tensor_split(m), y.tensor_split(m), strict=True))
+    runner.run(build("1f1b", p, m), batches)
+    ref = dict(reference.named_parameters())
+    mine = {id(t) for t in stage.parameters()}
+    errors = [
+        float((t.grad - ref[n].grad).abs().max())
+        for n, t in net.named_parameters()
+        if id(t) in mine and t.grad is not None and ref[n].grad is not None
+    ]
+    runs = []
+    for _ in range(3):
+        dist.barrier()
+        result = runner.run(build("1f1b", p, m), batches)
+        work = [s for s in result.spans if s.kind != "step"]
+        offset = time.time() - time.perf_counter()  # wall clock: comparable across processes
+        window = (work[0].start + offset, work[-1].end + offset, sum(s.end - s.start for s in work))
+        every: list[Any] = [None] * p
+        dist.all_gather_object(every, window)
+        makespan = max(w[1] for w in every) - min(w[0] for w in every)
+        runs.append(1 - sum(w[2] for w in every) / (p * makespan))
+    error = max(errors, default=0.0)
+    return {
+        "max_abs_grad_error": error,
+        "bubble_fraction": statistics.median(runs),
+        "theoretical_bubble_fraction": theoretical_bubble_fraction(p, m),
+        "ok": error < 1e-4,
+    }
+
+
+def check_amp(device: torch.device) -> dict[str, Any]:
+    """The vit for a few steps under fp16 autocast with a GradScaler, and under bf16 autocast."""
+    if device.type != "cuda":
+        return {"skipped": "fp16 with loss scaling is a CUDA path"}
+    out: dict[str, Any] = {}
+    for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        if dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            out[name] = {"skipped": f"{torch.cuda.get_device_name(device)} has no bf16"}
+            continue
+        torch.manual_seed(0)
+        net = ViT(dim=128, depth=4).to(device)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cuda", enabled=dtype is torch.float16)
+        g = torch.Generator().manual_seed(3)
+        x, y = (
+            torch.rand(512, 64, generator=g).to(device),
+            torch.randint(0, 10, (512,), generator=g).to(device),
+        )
+        losses: list[torch.Tensor] = []
+
+        def step(  # the loop's values bound as defaults
+            net: nn.Module = net,
+            opt: Any = opt,
+            scaler: Any = scaler,
+            dtype: Any = dtype,
+            x: torch.Tensor = x,
+            y: torch.Tensor = y,
+            losses: list[torch.Tensor] = losses,
+        ) -> None:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=dtype):
+                loss = F.cross_entropy(net(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.detach())
+
+        seconds = _timed(step, device, repeats=10)
+        values = torch.stack(losses).float().tolist()  # one read at the end, not per step
+        out[name] = {
+            "ms_per_step": seconds * 1e3,
+            "first_loss": values[0],
+            "last_loss": values[-1],
+            "ok": all(v == v and abs(v) < 1e4 for v in values) and values[-1] < values[0],
+        }
+    return out
+
+
+def check_h2d(device: torch.device) -> dict[str, Any]:
+    """Host-to-device GB/s of 64 MiB, pinned against pageable memory (CUDA events, median of 5)."""
+    if device.type != "cuda":
+        return {"skipped": "host-to-device copies need a GPU"}
+    n = 64 << 20
+    target = torch.empty(n, dtype=torch.uint8, device=device)
+    out: dict[str, Any] = {"bytes": n}
+    for name, source in (
+        ("pageable", torch.ones(n, dtype=torch.uint8)),
+        ("pinned", torch.ones(n, dtype=torch.uint8).pin_memory()),
+    ):
+        times = []
+        for _ in range(6):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.copy_(source, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        out[f"{name}_gb_per_s"] = n / statistics.median(times[1:]) / 1e9
+    out["ok"] = out["pinned_gb_per_s"] >= out["pageable_gb_per_s"]
+    return out
+
+
+def check_checkpoint(device: torch.device) -> dict[str, Any]:
+    """Peak memory of a deeper vit's forward + backward, plain and with activation checkpointing."""
+    if device.type != "cuda":
+        return {"skipped": "peak memory is measured with torch.cuda.max_memory_allocated"}
+    torch.manual_seed(0)
+    net = ViT(dim=256, depth=8, heads=8).to(device)
+    x = torch.rand(1024, 64, generator=torch.Generator().manual_seed(4)).to(device)
+    y = torch.zeros(1024, dtype=torch.long, device=device)
+    out: dict[str, Any] = {}
+    for segments in (0, 3):  # 3: about sqrt(8) segments, the classic trade-off
+        net.checkpoint_segments = segments
+        net.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        start = time.perf_counter()
+        F.cross_entropy(net(x), y).backward()
+        torch.cuda.synchronize(device)
+        out[f"segments_{segments}"] = {
+            "peak_bytes_above_start": torch.cuda.max_memory_allocated(device) - base,
+            "ms": (time.perf_counter() - start) * 1e3,
+        }
+    plain, kept = out["segments_0"]["peak_bytes_above_start"], out["segments_3"]["peak_bytes_above_start"]
+    out["ratio"] = kept / plain if plain else None
+    out["ok"] = kept < plain
+    return out
+
+
+CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
+    "ddp": check_ddp,
+    "tp": check_tp,
+    "pp": check_pp,
+    "amp": check_amp,
+    "h2d": check_h2d,
+    "checkpoint": check_checkpoint,
+}
+
+
+def worker(use_cuda: bool) -> dict[str, Any]:
+    """One rank (started by elastic_launch): every check, each caught and recorded on its own."""
+    local = int(os.environ["LOCAL_RANK"])
+    if use_cuda:
+        torch.cuda.set_device(local)
+    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if not use_cuda:
+        torch.set_num_threads(1)  # the ranks share the host's cores
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
+    results: dict[str, Any] = {"device": str(device)}
+    if use_cuda:
+        results["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        for name, check in CHECKS.items():
+            start = time.perf_counter()
+            try:
+                results[name] = check(device)
+            except Exception as e:  # recorded: one broken path must not hide the others
+                results[name] = {
+                    "ok": False,
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc(),
+                }
+            results[name]["seconds"] = time.perf_counter() - start
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return results
+
+
+def _summary(result: dict[str, Any]) -> list[str]:
+    lines = []
+    for name in CHECKS:
+        r = result.get(name, {})
+        if "skipped" in r:
+            lines.append(f"{name:>10}: skipped ({r['skipped']})")
+        elif "error" in r:
+            lines.append(f"{name:>10}: FAILED {r['error']}")
+        else:
+            state = (
+                "ok"
+                if r.get("ok", all(v.get("ok", True) for v in r.values() if isinstance(v, dict)))
+                else "CHECK"
+            )
+            lines.append(f"{name:>10}: {state} in {r.get('seconds', 0):.1f}s")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--json", type=Path, default=Path("gpu_check.json"), help="where to write the results"
+    )
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU)")
+    parser.add_argument("--allow-cpu", action="store_true", help="without CUDA, run the checks on CPU (gloo)")
+    args = parser.parse_args()
+    if args.json.exists():
+        print(f"gpu_check: --json {args.json} exists; remove it or name another file", file=sys.stderr)
+        return 2
+    use_cuda = torch.cuda.is_available()
+    env = environment("cuda" if use_cuda else "cpu")
+    if not use_cuda and not args.allow_cpu:
+        print(NO_CUDA)
+        args.json.write_text(json.dumps({"cuda": False, "message": NO_CUDA, "environment": env}, indent=1))
+        print(f"wrote {args.json}")
+        return 0
+    nproc = args.nproc or (torch.cuda.device_count() if use_cuda else 2)
+    if nproc < 1 or (use_cuda and nproc > torch.cuda.device_count()):
+        print(
+            f"gpu_check: --nproc {nproc}: choose 1 to {torch.cuda.device_count()} (one rank per GPU)",
+            file=sys.stderr,
+        )
+        return 2
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"gpu-check-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # a free port, as torchrun --standalone picks
+        max_restarts=0,
+    )
+    start = time.perf_counter()
+    per_rank = elastic_launch(config, worker)(use_cuda)
+    seconds = time.perf_counter() - start
+    ranks = [per_rank[r] for r in sorted(per_rank)]
+    data = {
+        "cuda": use_cuda,
+        "nproc": nproc,
+        "seconds": seconds,
+        "environment": {**env, "world_size": nproc},
+        "ranks": ranks,
+    }
+    args.json.write_text(json.dumps(data, indent=1, default=str))
+    for line in _summary(ranks[0]):
+        print(line)
+    print(f"{nproc} rank(s), {seconds:.0f}s; wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""`ringtree show`: any collective or pipeline schedule, step by step, in the terminal and as pictures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from ringtree.cli.app import app
+from ringtree.cli.output import console, write_json
+
+FULL_RANKS = 8  # up to this many ranks every rank gets a column; beyond, ranks 0, 1 and p-1
+FULL_STEPS = 32  # up to this many steps every step gets a row; beyond, the first and last 12
+EDGE_STEPS = 12
+DRAW_TREE_RANKS = 32  # wider trees do not fit a terminal: roles only (and --png)
+
+
+@app.command()
+def show(
+    algorithm: str = typer.Argument(
+        ...,
+        help="A collective algorithm (ring, double_tree, ...) or a pipeline (gpipe, 1f1b, pipedream).",
+    ),
+    collective: str | None = typer.Option(
+        None, help="all_reduce (default), reduce_scatter, all_gather, broadcast or reduce."
+    ),
+    ranks: int | None = typer.Option(None, help="Ranks (collectives; default 4)."),
+    nodes: int | None = typer.Option(None, help="Nodes the ranks are spread over, node by node (default 1)."),
+    nbytes: str | None = typer.Option(
+        None, "--bytes", help="Buffer size, e.g. 4K, 4M (default 4M, float32)."
+    ),
+    root: int | None = typer.Option(None, help="Root rank of broadcast and reduce (default 0)."),
+    link: str | None = typer.Option(
+        None,
+        help="Link for alpha and beta: preset, FILE.json or 'bw=..,lat=..' (default eth-10g; inter-node).",
+    ),
+    intra: str | None = typer.Option(None, help="Link inside a node with --nodes 2+ (default pcie-gen3)."),
+    stages: int | None = typer.Option(None, help="Pipeline stages (pipelines; default 4)."),
+    micro_batches: int | None = typer.Option(None, help="Micro-batches (pipelines; default 8)."),
+    json_path: Path | None = typer.Option(None, "--json", help='Write {"steps": [...]} here.'),
+    png: Path | None = typer.Option(
+        None, help="Write a picture here (trees, holdings per step, or the timeline)."
+    ),
+    animate: Path | None = typer.Option(
+        None, help="Write a GIF stepping through a collective's chunks here."
+    ),
+) -> None:
+    """Show a schedule step by step: per rank what it sends, receives and holds; trees; pipeline timelines."""
+    from ringtree.show.pipeline import PIPELINES
+
+    try:
+        _check_outputs(png, animate)
+        if algorithm in PIPELINES:
+            _refuse("a pipeline", collective=collective, ranks=ranks, nodes=nodes, bytes=nbytes, root=root,
+                    link=link, intra=intra, animate=animate)  # fmt: skip
+            _show_pipeline(
+                algorithm,
+                4 if stages is None else stages,
+                8 if micro_batches is None else micro_batches,
+                json_path,
+                png,
+            )
+        else:
+            _refuse("a collective", stages=stages, micro_batches=micro_batches)
+            _show_collective(
+                _collective_request(algorithm, collective, ranks, nodes, nbytes, root),
+                (link or "eth-10g", intra),
+                (json_path, png, animate),
+            )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _refuse(what: str, **given: Any) -> None:
+    """An option that does not apply would be silently ignored: refuse it instead."""
+    wrong = [name.replace("_", "-") for name, value in given.items() if value is not None]
+    if wrong:
+        raise ValueError(f"--{wrong[0]} does not apply to {what}; leave it out")
+
+
+def _check_outputs(png: Path | None, animate: Path | None) -> None:
+    if png is not None and png.suffix.lower() != ".png":
+        raise ValueError(f"--png {png}: name a .png file")
+    if animate is not None:
+        if animate.suffix.lower() != ".gif":
+            raise ValueError(f"--animate {animate}: name a .gif file")
+        try:
+            import PIL  # noqa: F401  (matplotlib's PillowWriter needs it)
+        except ImportError:
+            raise ValueError("--animate needs Pillow: pip install pillow") from None
+
+
+def _collective_request(
+    algorithm: str,
+    collective: str | None,
+    ranks: int | None,
+    nodes: int | None,
+    nbytes: str | None,
+    root: int | None,
+) -> dict[str, Any]:
+    """The checked collective, algorithm, ranks, nodes, bytes and root."""
+    from ringtree.schedules.registry import COLLECTIVES, GENERATORS
+    from ringtree.show.pipeline import PIPELINES
+    from ringtree.units import parse_size
+
+    name = collective or "all_reduce"
+    if name not in GENERATORS:
+        raise ValueError(f"unknown --collective {name!r}; choose one of {', '.join(COLLECTIVES)}")
+    if algorithm not in GENERATORS[name]:
+        raise ValueError(
+            f"unknown {name} algorithm {algorithm!r}; choose one of {', '.join(GENERATORS[name])} "
+            f"(or a pipeline: {', '.join(PIPELINES)})"
+        )
+    if root is not None and name not in ("broadcast", "reduce"):
+        raise ValueError(f"--root applies to broadcast and reduce, not {name}; leave it out")
+    p = 4 if ranks is None else ranks
+    if root is not None and not 0 <= root < p:
+        raise ValueError(f"--root {root} is not one of the ranks 0..{p - 1}")
+    size = parse_size(nbytes or "4M")
+    if size < 4 * p:
+        raise ValueError(
+            f"--bytes {nbytes} is too small to show: give at least 4 bytes (one float32) per rank"
+        )
+    return {
+        "collective": name,
+        "algorithm": algorithm,
+        "p": p,
+        "nodes": nodes or 1,
+        "nbytes": size,
+        "root": root or 0,
+    }
+
+
+def _has_trees(q: dict[str, Any]) -> bool:
+    from ringtree.show.trees import TREE_ALGORITHMS
+
+    return (q["collective"], q["algorithm"]) in TREE_ALGORITHMS
+
+
+def _shown_ranks(p: int) -> list[int]:
+    return list(range(p)) if p <= FULL_RANKS else [0, 1, p - 1]
+
+
+def _shown_steps(n: int) -> list[int | None]:
+    """Step indices to print, None where steps are left out."""
+    if n <= FULL_STEPS:
+        return list(range(n))
+    return [*range(EDGE_STEPS), None, *range(n - EDGE_STEPS, n)]
+
+
+def _show_collective(
+    q: dict[str, Any], links: tuple[str, str | None], outputs: tuple[Path | None, ...]
+) -> None:
+    from ringtree.show.cost import cost, make_cluster
+    from ringtree.show.steps import walk
+
+    p = q["p"]
+    json_path, png, animate = outputs
+    holdings_picture = animate is not None or (png is not None and not _has_trees(q))
+    if holdings_picture and p > FULL_RANKS:
+        raise ValueError(
+            f"pictures of holdings need --ranks {FULL_RANKS} or fewer (got {p}); trees draw for any count"
+        )
+    w = walk(
+        q["collective"], q["algorithm"], p, q["nbytes"], q["nodes"], q["root"], tracked=set(_shown_ranks(p))
+    )
+    cluster = make_cluster(p, q["nodes"], *links)
+    c = cost(w, cluster)
+    _print_steps(w, q["nodes"])
+    _print_trees(q, w)
+    _print_summary(w, c)
+    if json_path is not None:
+        write_json(json_path, _collective_json(w, q, c))
+        console.print(f"wrote {json_path}", highlight=False)
+    _collective_pictures(q, w, png, animate)
+
+
+def _title(w: Any, nodes: int) -> str:
+    from ringtree.show.text import size
+
+    chunk = size((w.cuts[1] - w.cuts[0]) * w.itemsize) if w.num_chunks else "0B"
+    where = f"{nodes} nodes of {w.p // nodes}" if nodes > 1 else "1 node"
+    return (
+        f"ringtree show {w.schedule.algorithm} ({w.schedule.collective}): {w.p} ranks on {where}, "
+        f"{size(w.nbytes)} of float32 in {w.num_chunks} chunk{'s' if w.num_chunks > 1 else ''} (c0 = {chunk})"
+    )
+
+
+def _print_steps(w: Any, nodes: int) -> None:
+    from ringtree.show.text import holds_text, moves_text, size
+
+    shown = _shown_ranks(w.p)
+    console.print(_title(w, nodes), highlight=False)
+    table = Table(show_lines=True)
+    table.add_column("step", justify="right")
+    table.add_column("kind", overflow="fold")
+    for r in shown:
+        table.add_column(f"rank {r}", overflow="fold")  # a narrow terminal folds, never hides
+    summarised = len(shown) < w.p
+    if summarised:
+        table.add_column(f"all {w.p} ranks", overflow="fold")
+    table.add_row(
+        "start", "", *[holds_text(w.initial[r], {}, w.p) for r in shown], *([""] if summarised else [])
+    )
+    for t in _shown_steps(w.schedule.num_steps):
+        if t is None:
+            table.add_row("…", "", *["…"] * len(shown), *(["…"] if summarised else []))
+            continue
+        v = w.steps[t]
+        cells = [
+            "\n".join([*moves_text(*w.moves(r, t)), "holds " + holds_text(v.holds[r], w.initial[r], w.p)])
+            for r in shown
+        ]
+        extra = (
+            f"{w.messages(t)} messages, busiest port {size(w.busiest_bytes(t))}\n"
+            f"complete chunks per rank: {v.done_min}..{v.done_max}"
+        )
+        table.add_row(str(t), w.kind(t), *cells, *([extra] if summarised else []))
+    console.print(table)
+    console.print(
+        "→r cK: send chunk K to rank r; ←r cK (+): receive it from rank r and add it in (without (+): "
+        "copy it); holds cK={a,b}: chunk K holds the sum of ranks a and b's inputs, Σ of all ranks' "
+        "(chunks unchanged since the start left out)",
+        highlight=False,
+    )
+
+
+def _print_trees(q: dict[str, Any], w: Any) -> None:
+    from ringtree.show.trees import ascii_lines, interior_in_all, role, trees_of
+
+    shown = trees_of(q["collective"], q["algorithm"], w.p, q["root"])
+    if not shown:
+        return
+    for k, s in enumerate(shown, 1):
+        console.print(f"\ntree {k} (carries {s.carries}), root {s.tree.root}:", highlight=False)
+        if w.p <= DRAW_TREE_RANKS:
+            console.print("\n".join(ascii_lines(s.tree)), highlight=False)
+    console.print("each rank's role:", highlight=False)
+    table = Table()
+    table.add_column("rank", justify="right")
+    for k in range(len(shown)):
+        table.add_column(f"tree {k + 1}")
+    for r in _shown_ranks(w.p) if w.p > DRAW_TREE_RANKS else range(w.p):
+        table.add_row(str(r), *[_role_text(s.tree, r, role(s.tree, r)) for s in shown])
+    console.print(table)
+    if len(shown) > 1:
+        both = sorted(interior_in_all(shown))
+        console.print(
+            "no rank is interior in both trees: each forwards data for at most one"
+            if not both
+            else f"ranks interior in both trees: {both}",
+            highlight=False,
+        )
+
+
+def _role_text(tree: Any, r: int, kind: str) -> str:
+    up = tree.parent[r]
+    kids = tree.children[r]
+    parts = (
+        [kind]
+        + ([f"parent {up}"] if up >= 0 else [])
+        + ([f"children {','.join(map(str, kids))}"] if kids else [])
+    )
+    return ", ".join(parts)
+
+
+def _print_summary(w: Any, c: Any) -> None:
+    from ringtree.schedules.verify import dry_run
+    from ringtree.show.text import seconds, size
+
+    sent = [w.bytes_sent(r) for r in range(w.p)]
+    lo, hi = min(sent), max(sent)
+    per_rank = (
+        f"{size(lo)} each" if lo == hi else f"{size(lo)} to {size(hi)} (rank {sent.index(hi)} the most)"
+    )
+    console.print(
+        f"\nsteps: {w.schedule.num_steps}   bytes sent per rank: {per_rank} "
+        f"(= {hi / max(w.nbytes, 1):.3g} n, n = {size(w.nbytes)})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    dry_run(w.schedule, w.root)
+    console.print(
+        f"checked: every rank ends with what {w.schedule.collective} promises (ringtree.schedules.verify)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    links = ", ".join(
+        f"{lv.link.name}: α = {seconds(lv.link.alpha_s)}, β = 1/({lv.link.bandwidth_Bps / 1e9:.3g} GB/s)"
+        for lv in c.levels
+    )
+    console.print(f"cost (alpha-beta; {links}):", highlight=False, soft_wrap=True)
+    if c.textbook:
+        console.print(f"  textbook      T = {c.textbook}", highlight=False, soft_wrap=True)
+    sub = "" if len(c.levels) == 1 else "_{}"
+    alpha = " + ".join(f"{lv.steps}·α{sub.format(lv.link.name)}" for lv in c.levels)
+    beta = " + ".join(f"{size(lv.nbytes)}·β{sub.format(lv.link.name)}" for lv in c.levels)
+    terms = " + ".join([seconds(lv.alpha_s) for lv in c.levels] + [seconds(lv.beta_s) for lv in c.levels])
+    console.print(
+        f"  this schedule T = {alpha} + {beta} = {terms} = {seconds(c.total_s)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        "                (each step costs its slowest message: α + its port's bytes·β)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if c.simulated_s is not None:
+        console.print(
+            f"  simulator     T = {seconds(c.simulated_s)} "
+            f"({c.method}, ringtree.sim: adds γ and link sharing)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _collective_json(w: Any, q: dict[str, Any], c: Any) -> dict[str, Any]:
+    from ringtree.show.steps import to_json
+
+    return {
+        "collective": q["collective"],
+        "algorithm": q["algorithm"],
+        "ranks": w.p,
+        "nodes": q["nodes"],
+        "bytes": w.nbytes,
+        "itemsize": w.itemsize,
+        "chunks": [[a * w.itemsize, b * w.itemsize] for a, b in zip(w.cuts, w.cuts[1:], strict=False)],
+        "holds_tracked_for": _shown_ranks(w.p),
+        "bytes_sent_per_rank": [w.bytes_sent(r) for r in range(w.p)],
+        "alpha_beta_s": c.total_s,
+        "simulated_s": c.simulated_s,
+        "steps": to_json(w),
+    }
+
+
+def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: Path | None) -> None:
+    from ringtree import plots
+    from ringtree.show.steps import holdings_frames
+    from ringtree.show.trees import positions, trees_of
+
+    title = _title(w, q["nodes"]).removeprefix("ringtree show ")
+    shown = trees_of(q["collective"], q["algorithm"], w.p, q["root"])
+    if png is not None and shown:
+        data = [
+            {
+                "title": f"tree {k} ({s.carries}), root {s.tree.root}",
+                "parent": s.tree.parent,
+                "x": positions(s.tree),
+                "depth": s.tree.depths(),
+            }
+            for k, s in enumerate(shown, 1)
+        ]
+        plots.plot_trees(data, png, title + ("\nfilled: interior, hollow: leaf" if len(shown) > 1 else ""))
+    elif png is not None:  # one panel per step, at most 16 evenly spread
+        frames = holdings_frames(w)
+        picks = (
+            frames if len(frames) <= 16 else [frames[round(k * (len(frames) - 1) / 15)] for k in range(16)]
+        )
+        plots.plot_holdings(picks, w.p, png, title)
+    if png is not None:
+        console.print(f"wrote {png}", highlight=False)
+    if animate is not None:
+        plots.animate_holdings(holdings_frames(w), w.p, animate, title)
+        console.print(f"wrote {animate}", highlight=False)
+
+
+def _show_pipeline(name: str, p: int, m: int, json_path: Path | None, png: Path | None) -> None:
+    from ringtree.show.pipeline import timeline
+
+    t = timeline(name, p, m)
+    _print_timeline(t)
+    if json_path is not None:
+        write_json(json_path, _pipeline_json(t))
+        console.print(f"wrote {json_path}", highlight=False)
+    if png is not None:
+        from ringtree.plots import plot_gantt
+        from ringtree.show.pipeline import gantt_spans
+
+        asynchronous = name.startswith("pipedream")
+        plot_gantt(
+            gantt_spans(t, asynchronous),
+            png,
+            _pipeline_title(t) + (", labels micro-batch/weight version" if asynchronous else ""),
+        )
+        console.print(f"wrote {png}", highlight=False)
+
+
+def _pipeline_title(t: Any) -> str:
+    s = t.schedule
+    return (
+        f"{s.name}: {s.stages} stages, {s.micro_batches} micro-batches "
+        "(forward 1 slot = 1 ms, backward 2, transfers free)"
+    )
+
+
+def _print_timeline(t: Any) -> None:
+    """The timeline as text (one line per stage, never wrapped), then the per-stage figures."""
+    from rich.text import Text
+
+    s = t.schedule
+    width = len(str(s.micro_batches - 1)) + 1
+    console.print("ringtree show " + _pipeline_title(t).replace(" = 1 ms", ""), highlight=False)
+    styles = {"forward": "blue", "backward": "yellow", "idle": "dim"}
+    for j, row in enumerate(t.slots):
+        line = Text(f"stage {j}  ")
+        for slot in row:
+            label = "·" * width if slot.op == "idle" else f"{slot.op[0].upper()}{slot.micro_batch}"
+            line.append(label.ljust(width), style=styles[slot.op])
+        console.print(line, soft_wrap=True)
+    console.print("F forward, B backward (two slots), · idle", highlight=False)
+    table = Table()
+    for name in ("stage", "busy", "activations in flight (peak)", "weight versions (peak)"):
+        table.add_column(name, justify="right")
+    for j, row in enumerate(t.slots):
+        busy = sum(slot.op != "idle" for slot in row) / len(row)
+        table.add_row(str(j), f"{busy:.0%}", str(t.in_flight()[j]), str(t.versions()[j]))
+    console.print(table)
+    p, m = s.stages, s.micro_batches
+    console.print(
+        f"bubble fraction: {t.bubble_fraction:.3f} of stage time idle (replayed); "
+        f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {t.theoretical_bubble_fraction:.3f}",
+        highlight=False,
+    )
+    if s.name.startswith("pipedream"):
+        _print_versions(t)
+
+
+def _print_versions(t: Any) -> None:
+    console.print("weight version each forward uses (its backward uses the same, stashed):", highlight=False)
+    table = Table()
+    table.add_column("stage")
+    for i in range(t.schedule.micro_batches):
+        table.add_column(f"mb {i}", justify="right")
+    table.add_column("staleness (steps)")
+    stale = t.staleness()
+    for j, versions in enumerate(t.forward_versions()):
+        table.add_row(str(j), *map(str, versions), f"{max(stale[j], default=0)}")
+    console.print(table)
+
+
+def _pipeline_json(t: Any) -> dict[str, Any]:
+    from ringtree.show.pipeline import to_json
+
+    s = t.schedule
+    return {
+        "schedule": s.name,
+        "stages": s.stages,
+        "micro_batches": s.micro_batches,
+        "bubble_fraction": t.bubble_fraction,
+        "theoretical_bubble_fraction": t.theoretical_bubble_fraction,
+        "activations_in_flight": t.in_flight(),
+        "weight_versions": t.versions(),
+        "forward_versions": t.forward_versions(),
+        "steps": to_json(t),
+    }

@@ -1,0 +1,125 @@
+"""Cluster presets: GPUs per node, the GPU, the intra-node fabric and the NICs of known machines.
+
+Every figure is a vendor's public one (sources in docs/simulator.md, "Cluster presets"). Peak
+TFLOP/s are dense (no structured sparsity). Link bandwidths are per direction; a node with several
+NICs ("rails") has device j use NIC j mod nics, as `ringtree.sim.hardware` models it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.presets import GB, GBIT, INTER, INTRA
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator: dense peak TFLOP/s per dtype, memory and its bandwidth."""
+
+    name: str
+    peak_tflops: dict[str, float]  # fp32 (no tensor cores), tf32, fp16, bf16
+    memory_GB: float
+    hbm_GBps: float
+
+    def peak(self, dtype: str) -> float:
+        """FLOP/s at the dtype's dense peak; a GPU without bf16 (V100, T4) runs it as fp32."""
+        return self.peak_tflops.get(dtype, self.peak_tflops["fp32"]) * 1e12
+
+
+@dataclass(frozen=True)
+class ClusterPreset:
+    """A machine type: what each node holds and how nodes connect."""
+
+    name: str
+    gpus_per_node: int
+    gpu: GPU
+    intra: Link
+    inter: Link
+    nics_per_node: int
+    source: str
+
+    def cluster(self, nodes: int) -> Cluster:
+        return Cluster(nodes, self.gpus_per_node, self.intra, self.inter, nics_per_node=self.nics_per_node)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+A100_40 = GPU("a100-sxm4-40gb", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 40, 1555)
+A100_80 = GPU("a100-sxm4-80gb", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 2039)
+H100 = GPU("h100-sxm5-80gb", {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}, 80, 3350)
+V100_32 = GPU("v100-sxm2-32gb", {"fp32": 15.7, "fp16": 125}, 32, 900)
+V100_PCIE = GPU("v100-pcie-32gb", {"fp32": 14, "fp16": 112}, 32, 900)
+T4 = GPU("t4", {"fp32": 8.1, "fp16": 65}, 16, 320)
+
+_EFA_100G = Link("efa-100g", 15e-6, 100 * GBIT)
+_ETH_50G = Link("eth-50g", 15e-6, 50 * GBIT)
+_EFA_400G_RAIL = Link("efa-4x100g", 15e-6, 400 * GBIT)  # four 100 Gbit/s EFA cards per GPU
+
+CLUSTERS: dict[str, ClusterPreset] = {
+    p.name: p
+    for p in (
+        ClusterPreset(
+            "dgx-a100", 8, A100_80, INTRA["nvlink-a100"], INTER["ib-hdr"], 8,
+            "NVIDIA DGX A100 datasheet: 8x A100 80GB, NVSwitch 600 GB/s per GPU, 8x ConnectX-6 HDR 200 Gb/s",
+        ),
+        ClusterPreset(
+            "dgx-h100", 8, H100, INTRA["nvlink-h100"], INTER["ib-ndr"], 8,
+            "NVIDIA DGX H100 datasheet: 8x H100 80GB, NVLink 900 GB/s per GPU, 8x ConnectX-7 400 Gb/s",
+        ),
+        ClusterPreset(
+            "p4d.24xlarge", 8, A100_40, INTRA["nvlink-a100"], _EFA_100G, 4,
+            "AWS EC2 P4 page: 8x A100 40GB, NVSwitch 600 GB/s, 400 Gbps EFA (4 x 100 Gbps)",
+        ),
+        ClusterPreset(
+            "p5.48xlarge", 8, H100, INTRA["nvlink-h100"], _EFA_400G_RAIL, 8,
+            "AWS EC2 P5 page: 8x H100 80GB, NVSwitch 900 GB/s, 3200 Gbps EFAv2 (32 x 100 Gbps)",
+        ),
+        ClusterPreset(
+            "p3dn.24xlarge", 8, V100_32, INTRA["nvlink-v100"], _EFA_100G, 1,
+            "AWS EC2 P3 page: 8x V100 32GB, NVLink 300 GB/s per GPU, 100 Gbps EFA",
+        ),
+        ClusterPreset(
+            "g4dn.12xlarge", 4, T4, INTRA["pcie-gen3"], _ETH_50G, 1,
+            "AWS EC2 G4 page: 4x T4 16GB on PCIe 3.0, 50 Gbps networking",
+        ),
+        ClusterPreset(
+            "eth-10g", 8, V100_PCIE, INTRA["pcie-gen3"], INTER["eth-10g"], 1,
+            "the first seed's cluster: 8 GPUs per node on PCIe, 10 Gbit/s Ethernet (GPU assumed: V100 PCIe)",
+        ),
+    )
+}  # fmt: skip
+
+
+def get(name: str) -> ClusterPreset:
+    """The preset of that name, or a ValueError listing the valid names."""
+    if name not in CLUSTERS:
+        raise ValueError(f"unknown cluster {name!r}; choose one of {', '.join(CLUSTERS)}")
+    return CLUSTERS[name]
+
+
+def preset_cluster(
+    name: str,
+    nodes: int,
+    gpus_per_node: int | None = None,
+    intra: str | None = None,
+    inter: str | None = None,
+) -> Cluster:
+    """The preset's cluster of `nodes` nodes, with any part the command line names replaced."""
+    from ringtree.sim.hardware import parse_link
+
+    preset = get(name)
+    cluster = preset.cluster(nodes)
+    return dataclasses.replace(
+        cluster,
+        gpus_per_node=gpus_per_node or cluster.gpus_per_node,
+        intra=parse_link(intra, INTRA) if intra else cluster.intra,
+        inter=parse_link(inter, INTER) if inter else cluster.inter,
+        nics_per_node=min(cluster.nics_per_node, gpus_per_node or cluster.nics_per_node),
+    )
+
+
+__all__ = ["CLUSTERS", "GB", "GPU", "ClusterPreset", "get", "preset_cluster"]

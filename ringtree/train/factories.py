@@ -1,0 +1,66 @@
+"""What `--model`, `--dataset` and `--loss` name: a built-in, or a user's `pkg.mod:factory`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from ringtree.train.data import digits
+from ringtree.train.models import build_model
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BUILTIN_LOSSES: dict[str, LossFn] = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss}
+
+
+def call_factory(spec: str, option: str) -> Any:
+    """Import `pkg.mod`, call its `factory()` and return what it made (ValueError naming the option)."""
+    path, _, name = spec.partition(":")
+    if not path or not name:
+        raise ValueError(f"{option} {spec!r}: write it as pkg.mod:factory")
+    try:
+        factory = getattr(importlib.import_module(path), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{option} {spec!r}: cannot load it ({e})") from None
+    return factory()
+
+
+def make_model(name: str) -> nn.Module:
+    """A built-in model (from torch's current seed) or the nn.Module a factory returns."""
+    if ":" not in name:
+        return build_model(name)
+    model = call_factory(name, "--model")
+    if isinstance(model, list | tuple):
+        model = nn.Sequential(*model)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--model {name!r}: the factory returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def make_datasets(name: str) -> tuple[Dataset[Any], Dataset[Any] | None]:
+    """(train, test or None): the digits split, or a factory's Dataset or (train, test) pair."""
+    if name == "digits":
+        return digits()
+    made = call_factory(name, "--dataset")
+    if isinstance(made, tuple) and len(made) == 2:
+        return made[0], made[1]
+    if not isinstance(made, Dataset):
+        raise ValueError(
+            f"--dataset {name!r}: the factory returned {type(made).__name__}, not a Dataset or (train, test)"
+        )
+    return made, None
+
+
+def make_loss(name: str) -> LossFn:
+    """A built-in loss or the callable (e.g. an nn.Module loss) a factory returns."""
+    if name in BUILTIN_LOSSES:
+        return BUILTIN_LOSSES[name]
+    loss = call_factory(name, "--loss")
+    if not callable(loss):
+        raise ValueError(f"--loss {name!r}: the factory returned {type(loss).__name__}, not a callable")
+    return loss  # type: ignore[no-any-return]

@@ -1,0 +1,132 @@
+"""The trainer's pipeline parts: cutting the model into stages, the stage a runtime runs, bubbles.
+
+Each pipeline (one DP coordinate) cuts the model into pp stages; a stage's parameters are wrapped
+in ringtree's DistributedDataParallel over its DP group. Every forward of a run goes under
+no_sync(); just before the run's last backward (gpipe, 1f1b: the last micro-batch's) the stage
+tells DDP to synchronize, so its buckets overlap that backward as in plain data parallelism.
+PipeDream computes gradients on stashed weight copies, outside DDP's hooks: its step callback
+all-reduces them with DDP.sync_gradients() (the same buckets, algorithm and compression).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ringtree.parallel import DistributedDataParallel
+from ringtree.parallel.pipeline.partition import balance, param_costs, split, time_costs
+from ringtree.parallel.pipeline.runtime import MicroBatch
+from ringtree.schedules.pipeline import SYNCHRONOUS, Kind, PipelineSchedule
+from ringtree.train.techniques import run_blocks
+from ringtree.train.techniques.activation_checkpointing import default_segments
+
+
+def cut(layers: list[nn.Module], pp: int, by: str, sample: torch.Tensor) -> list[nn.Sequential]:
+    """The pp stages; profiled times differ between ranks, so rank 0's cut is used by all."""
+    if pp > len(layers):
+        raise ValueError(f"--pp {pp} is more stages than the model's {len(layers)} layers; use --pp <= that")
+    costs = param_costs(layers) if by == "params" else time_costs(layers, sample)
+    sizes: list[Any] = [balance(costs, pp)]
+    dist.broadcast_object_list(sizes, src=0)
+    return split(layers, list(sizes[0]))
+
+
+class Stage(nn.Module):
+    """What the pipeline runtime runs on this rank: the stage's module under autocast, in DDP.
+
+    `arm(schedule, stage, sync)` before each run: with sync, the run's last backward synchronizes.
+    """
+
+    def __init__(self, body: nn.Module, autocast: Any) -> None:
+        super().__init__()
+        self.body, self.autocast = body, autocast  # body: the stage's module, or DDP around it
+        self._calls, self._sync_at = 0, -1
+
+    def arm(self, schedule: PipelineSchedule, stage: int, sync: bool) -> None:
+        """Count this run's forwards from 0; mark the micro-batch whose backward comes last."""
+        self._calls = 0
+        backwards = [a.micro_batch for a in schedule.actions[stage] if a.kind is Kind.BACKWARD]
+        self._sync_at = backwards[-1] if sync and schedule.name in SYNCHRONOUS and backwards else -1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        i, self._calls = self._calls, self._calls + 1
+        ddp = self.body if isinstance(self.body, DistributedDataParallel) else None
+        ctx: AbstractContextManager[Any] = self.autocast()
+        with ctx:
+            if ddp is None:
+                return self.body(x)  # type: ignore[no-any-return]
+            with ddp.no_sync():
+                out: torch.Tensor = ddp(x)
+        if i == self._sync_at:  # synchronous schedules run forwards in micro-batch order
+            out = _SyncBeforeBackward.apply(out, ddp)  # type: ignore[no-untyped-call]
+        return out
+
+
+class _Layers(nn.Module):
+    """A stage's layers run through run_blocks (activation checkpointing when segments > 0)."""
+
+    def __init__(self, layers: nn.Sequential, segments: int) -> None:
+        super().__init__()
+        self.layers = layers
+        self.segments = min(segments, len(layers)) if segments else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return run_blocks(self.layers, x, self.segments)
+
+
+def checkpointed(layers: nn.Sequential, segments: int, enabled: bool) -> tuple[nn.Module, int]:
+    """The stage's module and its checkpoint segments (0: off; `segments` 0 means about sqrt(n))."""
+    if not enabled:
+        return layers, 0
+    chosen = min(segments or default_segments(len(layers)), len(layers))
+    return _Layers(layers, chosen), chosen
+
+
+class _SyncBeforeBackward(torch.autograd.Function):
+    """Identity whose backward (the first step of a stage's backward) makes DDP synchronize."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, ddp: DistributedDataParallel) -> torch.Tensor:
+        ctx.ddp = ddp
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.ddp.sync_next_backward()
+        return grad, None
+
+
+def runs(loader: Any, schedule: str, micro_batches: int) -> Iterator[list[MicroBatch]]:
+    """Synchronous schedules: each batch cut into micro-batches; pipedream: the whole epoch at once."""
+    if schedule in SYNCHRONOUS:
+        for x, y in loader:
+            cuts = zip(x.tensor_split(micro_batches), y.tensor_split(micro_batches), strict=True)
+            yield [(a, b) for a, b in cuts if len(b)]  # a short last batch may leave some empty
+        return
+    yield [(x, y) for x, y in loader]
+
+
+def measured_bubble(windows: torch.Tensor) -> float:
+    """1 - busy / (p x makespan) per run, averaged over runs after the first (warm-up) one.
+
+    windows: [p, runs, 3] of (start, end, busy seconds) per stage and run.
+    """
+    p = windows.shape[0]
+    makespan = windows[:, :, 1].max(dim=0).values - windows[:, :, 0].min(dim=0).values  # [runs]
+    bubble = 1.0 - windows[:, :, 2].sum(dim=0) / (p * makespan)
+    kept = bubble[1:] if len(bubble) > 1 else bubble
+    return float(kept.mean())
+
+
+def gather_stages(stages: list[nn.Sequential], mine: int, group: dist.ProcessGroup) -> None:
+    """Every rank of a pipeline loads every stage's weights, so that its whole model is the trained one."""
+    states: list[Any] = [None] * len(stages)
+    dist.all_gather_object(states, {k: v.cpu() for k, v in stages[mine].state_dict().items()}, group=group)
+    for j, (stage, state) in enumerate(zip(stages, states, strict=True)):
+        if j != mine:
+            stage.load_state_dict(state)

@@ -1,0 +1,58 @@
+"""Bad input, everywhere: each gets exit code 2 and one sentence naming the input and the fix,
+before any process starts: no traceback, nothing written. One table for every command."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ringtree.cli.app import app
+
+# (arguments, a fragment the message must hold); "{tmp}" is an existing folder, "{file}" a file in it.
+CASES: list[tuple[list[str], str]] = [
+    (["bench", "--algorithms", ""], "names no algorithm"),
+    (["bench", "--algorithms", "ring,butterfly"], "unknown all_reduce algorithm(s) butterfly"),
+    (["bench", "--max-bytes", "lots"], "lots"),
+    (["bench", "--json", "{tmp}"], "is a folder; name a file inside it"),
+    (["bench", "--plot", "{file}/x.png"], "is a file, not a folder"),
+    (["bench", "--device", "tpu"], "unknown device 'tpu'"),
+    (["train", "--model", "vit", "--tp", "3", "--nproc", "4"], "does not divide the 4 ranks"),
+    (["train", "--pp", "10", "--nproc", "10"], "more stages than the"),
+    (["train", "--model", "vit", "--pp", "5", "--nproc", "5"], "more stages than the"),
+    (["train", "--mode", "dp", "--pp", "2"], "--mode dp steps the whole model on rank 0"),
+    (["train", "--mode", "dp-threads", "--nproc", "2"], "use --nproc 1"),
+    (["train", "--threads", "2"], "sets the devices of --mode dp-threads"),
+    (["train", "--max-restarts", "1"], "pass --checkpoint-dir DIR"),
+    (["train", "--keep-checkpoints", "3"], "needs --checkpoint-dir"),
+    (["train", "--schedule", "gpipe"], "--pp"),
+    (["train", "--distill-alpha", "0.3"], "--teacher"),
+    (["train", "--json", "{tmp}"], "is a folder"),
+    (["train", "--teacher", "{file}"], "cannot be read as a checkpoint"),
+    (["train", "--resume", "--checkpoint-dir", "{tmp}"], "no usable checkpoint"),
+]
+if not torch.cuda.is_available():
+    CASES.append((["bench", "--device", "cuda"], "needs a CUDA GPU and this machine has none"))
+
+
+def _one_sentence(output: str) -> str:
+    """The message inside typer's error box, joined back into one line."""
+    lines = [line.strip(" │╭╮╰╯─") for line in output.splitlines() if line.startswith("│")]
+    return re.sub(r"\s+", " ", " ".join(lines)).strip()
+
+
+@pytest.mark.parametrize(("args", "fragment"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_exits_2_with_one_sentence(tmp_path: Path, args: list[str], fragment: str) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "last.pt").write_text("not a checkpoint")  # what --resume finds in {tmp}
+    before = sorted(p.name for p in tmp_path.iterdir())
+    filled = [a.replace("{tmp}", str(tmp_path)).replace("{file}", str(tmp_path / "file")) for a in args]
+    result = CliRunner().invoke(app, filled)
+    message = _one_sentence(result.output)
+    assert result.exit_code == 2, result.output
+    assert fragment in message, message
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing left over
