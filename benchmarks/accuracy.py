@@ -45,16 +45,21 @@ def train(model: str, algorithm: str, epochs: int, out: Path) -> list[str]:
     return [*args, "--no-progress", "--json", str(out)]
 
 
-def calibrate(rate: str, tmp: Path) -> None:
-    """An emulated 2-node ring bench across the link, fitted by today's `ringtree calibrate`."""
+def calibrate(rate: str, tmp: Path, nodes: int = 2) -> Path:
+    """An emulated ring bench across the link on `nodes` nodes, fitted by today's `ringtree calibrate`."""
     rows, cal, record = (
-        tmp / f"bench-{rate}.json",
-        tmp / f"cal-{rate}.json",
-        tmp / f"bench-{rate}-cluster.json",
+        tmp / f"bench-{rate}{_n(nodes)}.json",
+        tmp / f"cal-{rate}{_n(nodes)}.json",
+        tmp / f"bench-{rate}{_n(nodes)}-cluster.json",
     )
     bench = ["bench", "--algorithms", "ring", "--min-bytes", "4K", "--max-bytes", "4M", "--step-factor", "4"]
-    emulated(2, rate, [*bench, "--iters", "5", "--warmup", "2", "--json", str(rows)], record)
+    emulated(nodes, rate, [*bench, "--iters", "5", "--warmup", "2", "--json", str(rows)], record)
     ringtree("calibrate", str(rows), "--out", str(cal))
+    return cal
+
+
+def _n(nodes: int) -> str:
+    return "" if nodes == 2 else f"-{nodes}nodes"  # 2-node files keep the first sweep's names
 
 
 def predict(
@@ -81,32 +86,54 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """
     rows: list[dict[str, Any]] = []
     links: dict[str, Any] = {}
-    cals = {}
+    cals: dict[tuple[str, int], Path] = {}
     for rate in args.rates:
-        cals[rate] = work / f"cal-{rate}.json"
-        if not args.replan:
-            calibrate(rate, work)
-        links[rate] = json.loads((work / f"bench-{rate}-cluster.json").read_text())["links"]
+        for nodes in [2] if args.calibrate_on == "two" else args.nodes:
+            cals[rate, nodes] = work / f"cal-{rate}{_n(nodes)}.json"
+            if not args.replan:
+                calibrate(rate, work, nodes)
+            record = json.loads((work / f"bench-{rate}{_n(nodes)}-cluster.json").read_text())
+            links[f"{rate} x {nodes} nodes"] = record["links"]
     for model in args.models:
         base = work / f"{model}-1node.json"
         if not args.replan:
             emulated(1, args.rates[0], train(model, "ring", args.epochs, base), work / "c.json")
         one = json.loads(base.read_text())
-        compute_s = one["step_time_s"]  # one rank: no communication, the step is compute
+        t1 = one["step_time_s"]  # one rank: no communication, the step is compute
         for rate in args.rates:
             for nodes in args.nodes:
+                compute_s = (
+                    t1 if args.compute_from == "one-rank" else shared_compute(model, nodes, rate, args, work)
+                )
                 for algorithm in args.algorithms:
-                    predicted = predict(one, compute_s, nodes, algorithm, cals[rate])  # before the run
+                    cal = cals[rate, 2 if args.calibrate_on == "two" else nodes]
+                    predicted = predict(one, compute_s, nodes, algorithm, cal)  # before the run
                     out = work / f"{model}-{nodes}-{rate}-{algorithm}.json"
                     if not args.replan:
                         emulated(nodes, rate, train(model, algorithm, args.epochs, out), work / "c.json")
                     if not out.exists():
                         continue  # --replan of a sweep that was stopped early
                     measured = json.loads(out.read_text())
-                    rows.append(row(model, nodes, rate, algorithm, compute_s, predicted, measured))
+                    rows.append(row(model, nodes, rate, algorithm, t1, predicted, measured))
                     print(json.dumps(rows[-1]), flush=True)
                     save(args.out, rows, links)
     return save(args.out, rows, links)
+
+
+def shared_compute(model: str, nodes: int, rate: str, args: argparse.Namespace, work: Path) -> float:
+    """Compute per step with N ranks sharing this machine's cores, measured on ONE node.
+
+    N ranks of one emulated node (loopback between them, one thread each) load the cores as the
+    N-node run will; their step less its exposed communication is the compute the N-node run's
+    ranks will see. On a real cluster, where nodes do not share cores, this equals the 1-rank step.
+    Measured again right before each group of N-node runs, so that both see the same machine.
+    """
+    path = work / f"{model}-1node-{nodes}ranks-before-{rate}.json"
+    if not args.replan:
+        command = train(model, "ring", args.epochs, path)
+        ringtree("emulate", "--nodes", "1", "--nproc-per-node", str(nodes), "--", *command)
+    run = json.loads(path.read_text())
+    return float(run["step_time_s"] - run["exposed_comm_time_s"])
 
 
 def save(path: Path, rows: list[dict[str, Any]], links: dict[str, Any]) -> dict[str, Any]:
@@ -139,6 +166,7 @@ def row(
         "predicted_speedup": nodes * t1 / predicted,
         "measured_speedup": nodes * t1 / measured,
         "pays_off_predicted_correctly": (nodes * t1 / predicted > 1) == (nodes * t1 / measured > 1),
+        "predicted_compute_s": plan["compute_time_s"],
         "predicted_allreduce_s": plan["allreduce_time_s"],
         "measured_comm_s": run["comm_time_s"],
         "measured_exposed_comm_s": run["exposed_comm_time_s"],
@@ -173,7 +201,7 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         "| model | nodes | inter-node | algorithm | 1-node step (ms) | predicted (ms) | measured (ms) "
         "| error | speedup predicted | speedup measured | pays off? | all-reduce predicted / measured (ms) "
-        "| compute measured (ms) |",
+        "| compute predicted / measured (ms) |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in result["rows"]:
@@ -190,11 +218,15 @@ def table(result: dict[str, Any]) -> str:
             f"{r['predicted_speedup']:.2f}x",
             f"{r['measured_speedup']:.2f}x",
             ok,
-            f"{r['predicted_allreduce_s'] * 1e3:.1f} / {r['measured_comm_s'] * 1e3:.1f}",
-            f"{r['measured_compute_s'] * 1e3:.1f}",
+            f"{_ms(r['predicted_allreduce_s'])} / {_ms(r['measured_comm_s'])}",
+            f"{_ms(r['predicted_compute_s'])} / {_ms(r['measured_compute_s'])}",
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
 def main() -> None:
@@ -205,6 +237,18 @@ def main() -> None:
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=["ring", "native"])
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "docs/data/accuracy.json")
+    parser.add_argument(
+        "--compute-from",
+        choices=["one-rank", "same-ranks"],
+        default="one-rank",
+        help="Compute time for the plan: the 1-rank run's step, or N ranks sharing one node's cores.",
+    )
+    parser.add_argument(
+        "--calibrate-on",
+        choices=["two", "run-nodes"],
+        default="two",
+        help="Calibrate from a 2-node bench, or from a bench on as many nodes as the run.",
+    )
     parser.add_argument("--table-from", type=Path, help="Only print the table of an earlier --out file.")
     parser.add_argument(
         "--workdir", type=Path, help="Keep every run's files here (default: a temporary folder)."

@@ -7,8 +7,10 @@ pretending the capability is missing (RINGTREE_EMULATE_NO_NET_ADMIN=1).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,14 +91,12 @@ def test_two_node_bench_brings_rows_back_and_leaves_nothing(tmp_path: Path) -> N
 
 @needs_net_admin
 def test_failing_command_and_cleanup_leave_nothing() -> None:
-    done = emulate("--nodes", "2", "--no-measure", "--", "bench", "--iters", "0")
-    assert done.returncode != 0 and "iters" in done.stdout + done.stderr
+    done = emulate("--nodes", "2", "--no-measure", "--", "no-such-command")
+    assert done.returncode != 0 and "no-such-command" in done.stdout + done.stderr
     assert leftovers() == ([], [])
     stray = network.build([1e8])  # as an interrupted run would leave it
     stray.created.clear()  # forget it, so only --cleanup can remove it
-    assert (
-        network.list_netns() == [stray.nodes[0].netns, stray.bridge_netns] or len(network.list_netns()) == 2
-    )
+    assert sorted(network.list_netns()) == sorted([stray.bridge_netns, stray.nodes[0].netns])
     done = emulate("--cleanup")
     assert done.returncode == 0 and "removed 2" in done.stdout
     assert leftovers() == ([], [])
@@ -115,3 +115,35 @@ def test_doctor_names_the_node_behind_the_slow_link(tmp_path: Path) -> None:
     assert [(s["node"], s["kind"]) for s in report["suspects"]] == [(2, "link")]
     assert report["suspects"][0]["measured"] < 0.2  # Gbit/s: under the 100mbit cap
     assert leftovers() == ([], [])
+
+
+@needs_net_admin
+def test_a_job_past_its_timeout_is_stopped_and_cleaned_up() -> None:
+    done = emulate("--nodes", "2", "--no-measure", "--timeout", "2", "--", "bench", "--max-bytes", "64M")
+    assert done.returncode == 1 and "did not finish within 2s" in done.stderr, done.stderr
+    assert leftovers() == ([], [])
+
+
+@needs_net_admin
+def test_ctrl_c_stops_the_job_and_removes_the_nodes() -> None:
+    command = [sys.executable, "-m", "ringtree", "emulate", "--nodes", "2", "--no-measure", "--"]
+    job = subprocess.Popen(
+        [*command, "bench", "--max-bytes", "64M"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        time.sleep(6)
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 130 and b"interrupted" in err, err[-2000:]
+    assert leftovers() == ([], [])
+
+
+def test_bench_rows_carry_the_node_shape(tmp_path: Path) -> None:
+    """Without emulation too: --local-size 1 makes two spawned ranks two nodes of one rank."""
+    out = tmp_path / "rows.json"
+    args = ["bench", "--nproc", "2", "--local-size", "1", "--algorithms", "ring", "--min-bytes", "1K"]
+    result = CliRunner().invoke(app, [*args, "--max-bytes", "1K", "--iters", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert [(r["nodes"], r["ranks_per_node"]) for r in json.loads(out.read_text())] == [(2, 1)]

@@ -87,6 +87,7 @@ def show(result: dict[str, Any]) -> None:
         f"# doctor: {n} nodes x {result['ranks_per_node']} ranks, "
         + "  ".join(f"{k}={v}" for k, v in result["versions"].items()),
         highlight=False,
+        soft_wrap=True,
     )
     cell: dict[tuple[int, int], str] = {}
     for x in result["links"]:

@@ -58,6 +58,12 @@ def emulate(
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a killed emulate still cleans up
     try:
         result = emu.run(spec, argv, measure=measure, timeout_s=timeout)
+    except (TimeoutError, RuntimeError) as e:  # the network could not be built, or the job hung
+        typer.echo(f"ringtree emulate: {e}", err=True)
+        raise typer.Exit(code=1) from None
+    except KeyboardInterrupt:
+        typer.echo("ringtree emulate: interrupted; the emulated nodes were removed", err=True)
+        raise typer.Exit(code=130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     if json_path is not None:
