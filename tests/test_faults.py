@@ -70,14 +70,14 @@ def dead_peer(rank: int, algorithm: str) -> tuple[str, float]:
     if rank == 3:
         import ringtree.comm.executor as executor
 
-        real = executor._wait
+        real = executor._wait_one  # gloo runs the pipelined path, which waits op by op
 
-        def dying(works: Any, step: Any, t: int, *args: Any, **kwargs: Any) -> None:
+        def dying(work: Any, peer: int, sending: bool, t: int, *args: Any, **kwargs: Any) -> None:
             if t >= 1:  # its step-1 operations are posted, then it dies before they complete
                 os._exit(0)
-            real(works, step, t, *args, **kwargs)
+            real(work, peer, sending, t, *args, **kwargs)
 
-        executor._wait = dying
+        executor._wait_one = dying
     start = time.monotonic()
     message = _error(
         lambda: comm.all_reduce(torch.ones(1 << 16), algorithm=algorithm, timeout_s=10, validate=False)
