@@ -5,10 +5,11 @@
 Two cases by default, each in one spawned world (one intra-op thread per rank):
   large: 4 ranks, all_reduce of 16 MiB and 64 MiB  (targets: best ringtree >= 1.3x, ring >= 1.0x)
   small: 8 ranks, all_reduce of 4 KiB              (target: best ringtree >= 1.0x)
-Each run measures every algorithm at every size with ringtree.bench's nccl-tests-style timing
-(sizes outer, algorithms inner, so load drift touches all alike); a run's ratio is an
-algorithm's busbw over native's busbw in that same run, and the reported figure is the median
-of the runs' ratios. Results are checked (a wrong element fails the benchmark).
+Each run times every algorithm at every size nccl-tests style (one validated warm-up call, then
+timed calls; the slowest rank's mean; busbw = 2(p-1)/p x bytes / time), sizes outer and
+algorithms inner so that load drift touches all alike. A run's ratio is an algorithm's busbw
+over native's in that same run; the reported figure is the median of the runs' ratios. Every
+algorithm's result is then checked against the exact sum (a wrong element fails the benchmark).
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from ringtree.bench import BenchConfig, environment, run_sweep
+from ringtree import comm
+from ringtree.bench import busbw_factor, environment
 from ringtree.launch import spawn
 
 
@@ -32,29 +36,70 @@ class Case:
     name: str
     nproc: int
     sizes: tuple[int, ...]
+    algorithms: tuple[str, ...]  # native first
     best_target: float  # best ringtree algorithm's busbw over native's
     ring_target: float | None  # ring's busbw over native's
 
 
 CASES = {
-    "large": Case("large", 4, (16 << 20, 64 << 20), 1.3, 1.0),
-    "small": Case("small", 8, (4 << 10,), 1.0, None),
+    "large": Case(
+        "large", 4, (16 << 20, 64 << 20), ("native", "ring", "halving_doubling", "double_tree"), 1.3, 1.0
+    ),
+    "small": Case(
+        "small", 8, (4 << 10,), ("native", "ring", "halving_doubling", "tree", "double_tree"), 1.0, None
+    ),
 }
-ALGORITHMS = ("native", "ring", "halving_doubling", "double_tree", "tree")
 
 
-def worker(rank: int, sizes: tuple[int, ...], algorithms: tuple[str, ...], runs: int, iters: int) -> Any:
+def worker(rank: int, case: Case, runs: int, iters: int) -> Any:
+    """Per run, per size, per algorithm: the slowest rank's mean seconds per call; then a check."""
     torch.set_num_threads(1)
+    p = dist.get_world_size()
     out: list[list[dict[str, Any]]] = []
     for _ in range(runs):
-        rows: list[dict[str, Any]] = []
-        for size in sizes:
-            cfg = BenchConfig(
-                algorithms=algorithms, min_bytes=size, max_bytes=size, warmup=2, iters=_iters(size, iters)
-            )
-            rows += [r.as_dict() for r in run_sweep(cfg)]
+        rows = []
+        for size in case.sizes:
+            x = _values(rank, size // 4)
+            for algorithm in case.algorithms:
+                seconds = _time(x, algorithm, _iters(size, iters))
+                algbw = size / seconds / 1e9
+                rows.append(
+                    {
+                        "bytes": size,
+                        "algorithm": algorithm,
+                        "time_us": seconds * 1e6,
+                        "busbw_gbps": algbw * busbw_factor("all_reduce", p),
+                    }
+                )
         out.append(rows)
-    return {"runs": out, "environment": environment()}
+    wrong = sum(_wrong(rank, size, algorithm) for size in case.sizes for algorithm in case.algorithms)
+    return {"runs": out, "wrong": wrong, "environment": environment()}
+
+
+def _values(rank: int, count: int) -> torch.Tensor:
+    """Small integers in float32: every summation order gives the exact same result."""
+    return (1 + (torch.arange(count) + 3 * rank) % 4).float()
+
+
+def _time(x: torch.Tensor, algorithm: str, iters: int) -> float:
+    comm.all_reduce(x, algorithm=algorithm)  # warm-up, validating arguments across ranks
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        comm.all_reduce(x, algorithm=algorithm, validate=False)
+    mine = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return float(mine.item())
+
+
+def _wrong(rank: int, size: int, algorithm: str) -> int:
+    """Elements that differ from the exact sum, on any rank."""
+    x = _values(rank, size // 4)
+    comm.all_reduce(x, algorithm=algorithm)
+    want = sum(_values(r, size // 4) for r in range(dist.get_world_size()))
+    wrong = torch.tensor([int((x != want).sum())])
+    dist.all_reduce(wrong)
+    return int(wrong.item())
 
 
 def _iters(size: int, iters: int) -> int:
@@ -62,9 +107,9 @@ def _iters(size: int, iters: int) -> int:
     return iters if size <= 1 << 20 else max(3, iters // 4)
 
 
-def summarize(case: Case, result: dict[str, Any], algorithms: tuple[str, ...]) -> dict[str, Any]:
+def summarize(case: Case, result: dict[str, Any]) -> dict[str, Any]:
     runs: list[list[dict[str, Any]]] = result["runs"]
-    wrong = sum(r["wrong"] for rows in runs for r in rows)
+    wrong, algorithms = result["wrong"], case.algorithms
     sizes: dict[str, Any] = {}
     for size in case.sizes:
         per_alg: dict[str, Any] = {}
@@ -88,7 +133,13 @@ def summarize(case: Case, result: dict[str, Any], algorithms: tuple[str, ...]) -
             "met": ours[best]["ratio_to_native_median"] >= case.best_target
             and (case.ring_target is None or ring is None or ring >= case.ring_target),
         }
-    return {"nproc": case.nproc, "sizes": sizes, "wrong": wrong, "environment": result["environment"]}
+    return {
+        "nproc": case.nproc,
+        "sizes": sizes,
+        "wrong": wrong,
+        "runs": runs,
+        "environment": result["environment"],
+    }
 
 
 def _row(rows: list[dict[str, Any]], size: int, algorithm: str) -> dict[str, Any]:
@@ -100,15 +151,13 @@ def main() -> None:
     parser.add_argument("--case", choices=[*CASES, "all"], default="all")
     parser.add_argument("--runs", type=int, default=5, help="runs per case; ratios are their median")
     parser.add_argument("--iters", type=int, default=20, help="timed calls per measurement (small sizes)")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated; native is added")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    algorithms = tuple(dict.fromkeys(["native", *args.algorithms.split(",")]))
     cases = list(CASES.values()) if args.case == "all" else [CASES[args.case]]
-    report: dict[str, Any] = {"runs": args.runs, "algorithms": list(algorithms), "cases": {}}
+    report: dict[str, Any] = {"runs": args.runs, "cases": {}}
     for case in cases:
-        result = spawn(worker, case.nproc, (case.sizes, algorithms, args.runs, args.iters), timeout_s=3600)[0]
-        summary = report["cases"][case.name] = summarize(case, result, algorithms)
+        result = spawn(worker, case.nproc, (case, args.runs, args.iters), timeout_s=3600)[0]
+        summary = report["cases"][case.name] = summarize(case, result)
         for size, s in summary["sizes"].items():
             ratios = "  ".join(f"{a} {v['ratio_to_native_median']:.2f}x" for a, v in s["algorithms"].items())
             print(
