@@ -33,9 +33,7 @@ import statistics
 import sys
 import time
 import traceback
-import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +41,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ringtree import DistributedDataParallel, comm
 from ringtree.bench import environment
+from ringtree.launch import elastic_spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.parallel.tensor import ParallelBlock
@@ -290,33 +288,26 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
 }
 
 
-def worker(use_cuda: bool) -> dict[str, Any]:
-    """One rank (started by elastic_launch): every check, each caught and recorded on its own."""
+def worker(rank: int, use_cuda: bool) -> dict[str, Any]:
+    """One rank (started by ringtree's elastic_spawn, which joins the group and binds the GPU):
+    every check, each caught and recorded on its own."""
     local = int(os.environ["LOCAL_RANK"])
-    if use_cuda:
-        torch.cuda.set_device(local)
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
-    if not use_cuda:
-        torch.set_num_threads(1)  # the ranks share the host's cores
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=TIMEOUT_S))
     results: dict[str, Any] = {"device": str(device)}
     if use_cuda:
         results["gpu"] = torch.cuda.get_device_name(device)
-    try:
-        for name, check in CHECKS.items():
-            start = time.perf_counter()
-            try:
-                results[name] = check(device)
-            except Exception as e:  # recorded: one broken path must not hide the others
-                results[name] = {
-                    "ok": False,
-                    "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc(),
-                }
-            results[name]["seconds"] = time.perf_counter() - start
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    for name, check in CHECKS.items():
+        start = time.perf_counter()
+        try:
+            results[name] = check(device)
+        except Exception as e:  # recorded: one broken path must not hide the others
+            results[name] = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc(),
+            }
+        results[name]["seconds"] = time.perf_counter() - start
+        dist.barrier()
     return results
 
 
@@ -363,19 +354,10 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"gpu-check-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",  # a free port, as torchrun --standalone picks
-        max_restarts=0,
-    )
     start = time.perf_counter()
-    per_rank = elastic_launch(config, worker)(use_cuda)
+    backend = "nccl" if use_cuda else "gloo"
+    ranks = elastic_spawn(worker, nproc, (use_cuda,), backend=backend, collective_timeout_s=TIMEOUT_S)
     seconds = time.perf_counter() - start
-    ranks = [per_rank[r] for r in sorted(per_rank)]
     data = {
         "cuda": use_cuda,
         "nproc": nproc,

@@ -189,6 +189,8 @@ def _elastic_worker(fn: Callable[..., Any], backend: str, collective_timeout_s: 
     """One worker of elastic_spawn: join the attempt's world, run, leave. Its result travels
     back through the agent, so it returns normally (no early exit as in `spawn`)."""
     torch.set_num_threads(1)  # N processes share the host's cores: one intra-op thread each
+    if backend == "nccl":  # one GPU per local rank, bound before the group is made
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     init_from_env(backend, collective_timeout_s)
     try:
         return fn(dist.get_rank(), *args)
