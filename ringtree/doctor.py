@@ -205,31 +205,20 @@ def suspects(
     expected = cfg.expect_gbps or (statistics.median(best.values()) if best else 0.0)
     for u, gbps in best.items():
         if gbps < cfg.threshold * expected:
-            out.append({"node": u, "rank": u * k, "kind": "link", "measured": gbps, "expected": expected})
+            out.append(_suspect(u, u * k, "link", gbps, expected))
     intra = [x for x in links if x["level"] == "intra"]
     if intra:
         typical = statistics.median(x["gbps"] for x in intra)
         for x in intra:
             if x["gbps"] < cfg.threshold * typical:
-                out.append(
-                    {
-                        "node": x["node_a"],
-                        "rank": x["b"],
-                        "kind": "link",
-                        "measured": x["gbps"],
-                        "expected": typical,
-                    }
-                )
+                out.append(_suspect(x["node_a"], x["b"], "link", x["gbps"], typical))
     typical = statistics.median(c["gflops"] for c in compute)
     for c in compute:
         if c["gflops"] < cfg.threshold * typical:
-            out.append(
-                {
-                    "node": c["node"],
-                    "rank": c["rank"],
-                    "kind": "compute",
-                    "measured": c["gflops"],
-                    "expected": typical,
-                }
-            )
+            out.append(_suspect(c["node"], c["rank"], "compute", c["gflops"], typical))
     return out
+
+
+def _suspect(node: int, rank: int, kind: str, measured: float, expected: float) -> dict[str, Any]:
+    """One entry of the JSON's `suspects`."""
+    return {"node": node, "rank": rank, "kind": kind, "measured": measured, "expected": expected}
