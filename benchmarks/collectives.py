@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 from ringtree import comm
 from ringtree.bench import busbw_factor, environment
+from ringtree.comm.shm import TRANSPORT_ENV
 from ringtree.launch import spawn
 
 
@@ -43,7 +45,12 @@ class Case:
 
 CASES = {
     "large": Case(
-        "large", 4, (16 << 20, 64 << 20), ("native", "ring", "halving_doubling", "double_tree"), 1.3, 1.0
+        "large",
+        4,
+        (16 << 20, 64 << 20),
+        ("native", "ring", "halving_doubling", "double_tree", "ring/p2p", "halving_doubling/p2p"),
+        1.3,
+        1.0,
     ),
     "small": Case(
         "small", 8, (4 << 10,), ("native", "ring", "halving_doubling", "tree", "double_tree"), 1.0, None
@@ -81,7 +88,15 @@ def _values(rank: int, count: int) -> torch.Tensor:
     return (1 + (torch.arange(count) + 3 * rank) % 4).float()
 
 
-def _time(x: torch.Tensor, algorithm: str, iters: int) -> float:
+def _transport(variant: str) -> str:
+    """Run `variant` ("ring", or "ring/p2p" for gloo's point-to-point transport) in this process."""
+    algorithm, _, transport = variant.partition("/")
+    os.environ[TRANSPORT_ENV] = transport or "auto"
+    return algorithm
+
+
+def _time(x: torch.Tensor, variant: str, iters: int) -> float:
+    algorithm = _transport(variant)
     comm.all_reduce(x, algorithm=algorithm)  # warm-up, validating arguments across ranks
     dist.barrier()
     start = time.perf_counter()
@@ -92,10 +107,10 @@ def _time(x: torch.Tensor, algorithm: str, iters: int) -> float:
     return float(mine.item())
 
 
-def _wrong(rank: int, size: int, algorithm: str) -> int:
+def _wrong(rank: int, size: int, variant: str) -> int:
     """Elements that differ from the exact sum, on any rank."""
     x = _values(rank, size // 4)
-    comm.all_reduce(x, algorithm=algorithm)
+    comm.all_reduce(x, algorithm=_transport(variant))
     want = sum(_values(r, size // 4) for r in range(dist.get_world_size()))
     wrong = torch.tensor([int((x != want).sum())])
     dist.all_reduce(wrong)

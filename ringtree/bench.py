@@ -8,12 +8,15 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ringtree import comm
+from ringtree.comm import shm
+from ringtree.comm.collectives import NATIVE
 from ringtree.comm.reduce_ops import check_op
 
 # The rows `--json` writes: exactly these keys, in this order.
@@ -27,6 +30,7 @@ ROW_KEYS = (
     "world_size",
     "nodes",
     "ranks_per_node",
+    "transport",
     "time_us",
     "algbw_gbps",
     "busbw_gbps",
@@ -90,6 +94,7 @@ class Row:
     world_size: int
     nodes: int  # the node shape, from torchrun's LOCAL_WORLD_SIZE (spawn: --local-size)
     ranks_per_node: int
+    transport: str  # "shm" or "p2p" for ringtree's schedules, the backend's name for native
     time_us: float
     algbw_gbps: float
     busbw_gbps: float
@@ -171,6 +176,7 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
                 p,
                 p // k,
                 k,
+                _transport(cfg, algorithm, count, dtype),
                 seconds * 1e6,
                 algbw,
                 algbw * busbw_factor(cfg.collective, p),
@@ -180,6 +186,15 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
             if on_row is not None:
                 on_row(row)
     return rows
+
+
+def _transport(cfg: BenchConfig, algorithm: str, count: int, dtype: torch.dtype) -> str:
+    """How the call moved its data: shared memory or point-to-point for ringtree's schedules."""
+    pg = dist.distributed_c10d._get_default_group()
+    if algorithm == NATIVE:
+        return dist.get_backend(pg)
+    buf = torch.empty(count, dtype=dtype, device=cfg.device)
+    return "shm" if shm.usable(buf, pg, timedelta(seconds=cfg.timeout_s)) else "p2p"
 
 
 def _counts(cfg: BenchConfig, dtype: torch.dtype, p: int) -> list[int]:

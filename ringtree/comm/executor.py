@@ -8,6 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ringtree.comm import shm
 from ringtree.comm.errors import CollectiveError
 from ringtree.comm.plan import COPY, DIRECT, REDUCE, Plan, compile_plan
 from ringtree.comm.reduce_ops import Combine
@@ -34,14 +35,17 @@ def execute(
 ) -> None:
     """Run group rank `rank`'s steps of `schedule` on the flat contiguous tensor `buf` in place.
 
-    `peers[i]` is the global rank of group rank i. On gloo with CPU tensors the steps run
-    pipelined (see `ringtree.comm.plan`); elsewhere (NCCL, whose point-to-point calls must be
-    batched to avoid deadlock) each step posts all its sends and receives at once, waits for
-    them, then applies the reductions. Either way every rank reduces in the same order and
-    results agree bitwise.
+    `peers[i]` is the global rank of group rank i. When every rank of the group is on this
+    host the steps run over shared memory (`ringtree.comm.shm`). Otherwise, on gloo with CPU
+    tensors the steps run pipelined (see `ringtree.comm.plan`); elsewhere (NCCL, whose
+    point-to-point calls must be batched to avoid deadlock) each step posts all its sends and
+    receives at once, waits for them, then applies the reductions. Either way every rank
+    reduces in the same order and results agree bitwise.
     """
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if PIPELINED and buf.device.type == "cpu" and dist.get_backend(pg) == "gloo":
+    if shm.usable(buf, pg, timeout):
+        shm.execute(buf, schedule, rank, combine, pg=pg, timeout=timeout, what=what)
+    elif PIPELINED and buf.device.type == "cpu" and dist.get_backend(pg) == "gloo":
         _pipelined(buf, schedule, rank, combine, pg, peers, timeout, what)
     else:
         _batched(buf, schedule, rank, combine, peers, group, timeout, what)

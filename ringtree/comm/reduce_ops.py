@@ -35,6 +35,24 @@ COMBINE: dict[str, Combine] = {
 }
 OPS = tuple(COMBINE)
 
+CombineInto = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def _into(fn: Callable[..., torch.Tensor]) -> CombineInto:
+    def combine_into(acc: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
+        fn(acc, x, out=out)
+
+    return combine_into
+
+
+# out = acc (op) x, with the operands in the in-place combine's order (bitwise the same result).
+COMBINE_INTO: dict[Combine, CombineInto] = {
+    _sum: _into(torch.add),
+    _product: _into(torch.mul),
+    _max: _into(torch.maximum),
+    _min: _into(torch.minimum),
+}
+
 TORCH_OP: dict[str, dist.ReduceOp.RedOpType] = {
     "sum": dist.ReduceOp.SUM,
     "avg": dist.ReduceOp.AVG,

@@ -1,0 +1,137 @@
+"""The shared-memory transport: plans (pure) and every schedule over it against torch (3 ranks)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ringtree import comm, schedules
+from ringtree.comm import shm
+from ringtree.comm.reduce_ops import COMBINE
+from ringtree.launch import spawn
+from ringtree.schedules.base import Builder
+from ringtree.topology import Topology
+
+
+def ring(p: int, count: int) -> schedules.Schedule:
+    return schedules.build(schedules.Request("all_reduce", "ring", Topology.single_node(p), count, 4))
+
+
+def test_ring_plan_copies_one_block_in_and_p_minus_1_blocks_out() -> None:
+    plan = shm._compile(ring(4, 4000), 1)
+    size = lambda ranges: sum(b - a for a, b in ranges)  # noqa: E731
+    # one block in: the block rank 1 sends before it writes it
+    assert len(plan.copy_in) == 1 and size(plan.copy_in) == 1000
+    # p - 1 final blocks out: its own reduced block and the blocks it forwards in the all-gather;
+    # the last block it receives is read by nobody and goes straight to the caller's tensor
+    assert size(plan.copy_out) == 3000
+    assert plan.steps[-1][0].start not in [a for a, _ in plan.copy_out]
+    first = plan.steps[0][0]
+    assert first.reduce and not first.from_shared and first.to_shared  # combined from the caller's
+    last = plan.steps[-1][0]
+    assert not last.reduce and not last.to_shared
+    assert not plan.staged
+
+
+def test_a_step_that_receives_into_what_it_sends_is_staged() -> None:
+    b = Builder(2)
+    b.transfer(0, 0, 1, 0, 8, True)
+    b.transfer(0, 1, 0, 0, 8, True)
+    s = b.build("exchange", "all_reduce", 8)
+    assert shm._compile(s, 0).staged == frozenset({0})
+    assert shm._compile(ring(2, 8), 0).staged == frozenset()
+
+
+def test_transport_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(shm.TRANSPORT_ENV, "tcp")
+    with pytest.raises(ValueError, match="'tcp' is not a transport; use one of auto, shm, p2p"):
+        shm.transport()
+
+
+def _ours() -> list[str]:
+    return sorted(f.name for f in Path("/dev/shm").glob(f"ringtree-{os.getpid()}-*"))
+
+
+def every_collective_over_shm(rank: int) -> dict[str, object]:
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    p, failures = dist.get_world_size(), []
+    for dtype in (torch.float32, torch.int32):
+        x = (torch.arange(2003) * (rank + 1) % 17 - 8).to(dtype)
+        for algorithm in comm.algorithms("all_reduce")[1:]:
+            for op, torch_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
+                got, want = x.clone(), x.clone()
+                comm.all_reduce(got, op, algorithm=algorithm)
+                dist.all_reduce(want, op=torch_op)
+                if not torch.equal(got, want):
+                    failures.append(f"all_reduce {op} {algorithm} {dtype}")
+        full = x[:2001].clone()
+        for algorithm in comm.algorithms("reduce_scatter")[1:]:
+            out, ref = torch.empty(667, dtype=dtype), torch.empty(667, dtype=dtype)
+            comm.reduce_scatter(out, full, algorithm=algorithm)
+            dist.reduce_scatter_tensor(ref, full)
+            if not torch.equal(out, ref):
+                failures.append(f"reduce_scatter {algorithm} {dtype}")
+        for algorithm in comm.algorithms("all_gather")[1:]:
+            out, ref = torch.empty(3 * 2003, dtype=dtype), torch.empty(3 * 2003, dtype=dtype)
+            comm.all_gather(out, x, algorithm=algorithm)
+            dist.all_gather_into_tensor(ref, x)
+            if not torch.equal(out, ref):
+                failures.append(f"all_gather {algorithm} {dtype}")
+        for algorithm in comm.algorithms("broadcast")[1:]:
+            got = x.clone()
+            comm.broadcast(got, src=1, algorithm=algorithm)
+            if not torch.equal(got, (torch.arange(2003) * 2 % 17 - 8).to(dtype)):
+                failures.append(f"broadcast {algorithm} {dtype}")
+        for algorithm in comm.algorithms("reduce")[1:]:
+            got, want = x.clone(), x.clone()
+            comm.reduce(got, dst=2, algorithm=algorithm)
+            dist.reduce(want, dst=2)
+            if rank == 2 and not torch.equal(got, want):
+                failures.append(f"reduce {algorithm} {dtype}")
+    # a hand-made step that reduces into the range it sends: staged reads
+    b = Builder(p)
+    for r in range(p):
+        b.transfer(0, r, (r + 1) % p, 0, 64, True)
+    y = torch.full((64,), float(rank + 1))
+    shm.execute(y, b.build("x", "all_reduce", 64), rank, COMBINE["sum"], pg=_world(), timeout=_t(), what="x")
+    if not torch.equal(y, torch.full((64,), float(rank + 1 + (rank - 1) % p + 1))):
+        failures.append(f"staged step gave {y[0].item()}")
+    used = shm.usable(x, _world(), _t())
+    os.environ[shm.TRANSPORT_ENV] = "auto"
+    small = shm.usable(x, _world(), _t())  # 8 kB: below MIN_BYTES, stays on gloo
+    return {"failures": failures, "used": used, "small": small, "left": _ours()}
+
+
+def _world() -> dist.ProcessGroup:
+    return dist.distributed_c10d._get_default_group()
+
+
+def _t() -> timedelta:
+    return timedelta(seconds=30)
+
+
+def test_every_collective_over_shared_memory_matches_torch() -> None:
+    results = spawn(every_collective_over_shm, 3, timeout_s=180)
+    assert [r["failures"] for r in results] == [[], [], []]
+    assert all(r["used"] and not r["small"] for r in results)
+    assert all(r["left"] == [] for r in results)  # every file unlinked once mapped
+
+
+def different_hosts(rank: int) -> tuple[bool, bool]:
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    real = shm._host()
+    assert real is not None
+    shm._host = lambda: (f"node{rank}", *real[1:])  # type: ignore[assignment]
+    x = torch.ones(1 << 18)
+    used = shm.usable(x, _world(), _t())
+    comm.all_reduce(x, algorithm="ring")
+    return used, bool((x == 2).all())
+
+
+def test_ranks_on_different_hosts_stay_on_gloo() -> None:
+    assert spawn(different_hosts, 2, timeout_s=120) == [(False, True), (False, True)]
