@@ -46,11 +46,20 @@ def _one_sentence(output: str) -> str:
 
 @pytest.mark.parametrize(("args", "fragment"), CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_bad_input_exits_2_with_one_sentence(tmp_path: Path, args: list[str], fragment: str) -> None:
+    _exits_2(tmp_path, args, fragment)
+
+
+def test_a_bad_transport_setting_exits_2(tmp_path: Path) -> None:
+    fragment = "RINGTREE_TRANSPORT='tcp' is not a transport; use one of auto, shm, p2p"
+    _exits_2(tmp_path, ["bench"], fragment, {"RINGTREE_TRANSPORT": "tcp"})
+
+
+def _exits_2(tmp_path: Path, args: list[str], fragment: str, env: dict[str, str] | None = None) -> None:
     (tmp_path / "file").write_text("x")
     (tmp_path / "last.pt").write_text("not a checkpoint")  # what --resume finds in {tmp}
     before = sorted(p.name for p in tmp_path.iterdir())
     filled = [a.replace("{tmp}", str(tmp_path)).replace("{file}", str(tmp_path / "file")) for a in args]
-    result = CliRunner().invoke(app, filled)
+    result = CliRunner().invoke(app, filled, env=env)
     message = _one_sentence(result.output)
     assert result.exit_code == 2, result.output
     assert fragment in message, message

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from ringtree.comm import shm
+
 app = typer.Typer(
     name="ringtree",
     help="Every classic all-reduce, a simulator that predicts them, and parallel training on PyTorch.",
@@ -16,3 +18,7 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """ringtree: understand, predict and fix the scaling of distributed training."""
+    try:
+        shm.transport()
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
