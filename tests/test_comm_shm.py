@@ -135,3 +135,25 @@ def different_hosts(rank: int) -> tuple[bool, bool]:
 
 def test_ranks_on_different_hosts_stay_on_gloo() -> None:
     assert spawn(different_hosts, 2, timeout_s=120) == [(False, True), (False, True)]
+
+
+def one_rank_skips(rank: int) -> str:
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    x = torch.ones(1 << 10)
+    comm.all_reduce(x, algorithm="ring")  # both ranks: the shared buffers and doorbells are set up
+    if rank == 1:
+        import time
+
+        time.sleep(6)  # never calls the second all-reduce
+        return ""
+    try:
+        comm.all_reduce(x, algorithm="ring", timeout_s=2, validate=False)
+    except comm.CollectiveError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_rank_that_never_comes_is_named_after_the_timeout() -> None:
+    message = spawn(one_rank_skips, 2, timeout_s=60)[0]
+    assert "over shared memory failed or timed out" in message
+    assert "Timed out waiting for rank(s) [1]" in message
