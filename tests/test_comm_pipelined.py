@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
 from ringtree import comm, schedules
 from ringtree.comm import executor
 from ringtree.comm.plan import DIRECT, REDUCE, compile_plan
+from ringtree.comm.shm import TRANSPORT_ENV
 from ringtree.launch import spawn
 from ringtree.topology import Topology
 
@@ -32,6 +35,7 @@ def test_ring_plan_pieces_order_and_early_posting() -> None:
 
 
 def every_collective_in_small_pieces(rank: int) -> list[str]:
+    os.environ[TRANSPORT_ENV] = "p2p"  # the point-to-point path, not shared memory
     executor.PIECE_BYTES = 16  # 4 float32 per message: many pieces, deep pipelines
     p, failures = dist.get_world_size(), []
     for dtype in (torch.float32, torch.int32):

@@ -102,9 +102,9 @@ def every_collective_over_shm(rank: int) -> dict[str, object]:
     if not torch.equal(y, torch.full((64,), float(rank + 1 + (rank - 1) % p + 1))):
         failures.append(f"staged step gave {y[0].item()}")
     used = shm.usable(x, _world(), _t())
-    os.environ[shm.TRANSPORT_ENV] = "auto"
-    small = shm.usable(x, _world(), _t())  # 8 kB: below MIN_BYTES, stays on gloo
-    return {"failures": failures, "used": used, "small": small, "left": _ours()}
+    os.environ[shm.TRANSPORT_ENV] = "p2p"
+    off = shm.usable(x, _world(), _t())
+    return {"failures": failures, "used": used, "off": off, "left": _ours()}
 
 
 def _world() -> dist.ProcessGroup:
@@ -118,7 +118,7 @@ def _t() -> timedelta:
 def test_every_collective_over_shared_memory_matches_torch() -> None:
     results = spawn(every_collective_over_shm, 3, timeout_s=180)
     assert [r["failures"] for r in results] == [[], [], []]
-    assert all(r["used"] and not r["small"] for r in results)
+    assert all(r["used"] and not r["off"] for r in results)
     assert all(r["left"] == [] for r in results)  # every file unlinked once mapped
 
 
@@ -157,3 +157,25 @@ def test_a_rank_that_never_comes_is_named_after_the_timeout() -> None:
     message = spawn(one_rank_skips, 2, timeout_s=60)[0]
     assert "over shared memory failed or timed out" in message
     assert "Timed out waiting for rank(s) [1]" in message
+
+
+def one_rank_dies(rank: int) -> str:
+    x = torch.ones(1 << 10)
+    comm.all_reduce(x, algorithm="ring")
+    if rank == 1:
+        os._exit(0)
+    import time
+
+    start = time.monotonic()
+    try:
+        comm.all_reduce(x, algorithm="ring", timeout_s=30, validate=False)
+    except comm.CollectiveError as e:
+        return f"{time.monotonic() - start:.1f} {e}"
+    return "no error"
+
+
+def test_a_rank_that_dies_is_named_at_once() -> None:
+    message = spawn(one_rank_dies, 2, timeout_s=60, allow_missing=True)[0]
+    seconds, _, text = message.partition(" ")
+    assert "rank 1 (pid" in text and "exited while this rank waited for it" in text
+    assert float(seconds) < 10  # not the 30 s timeout

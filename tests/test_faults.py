@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree import comm
-from ringtree.comm import flight_recorder
+from ringtree.comm import flight_recorder, shm
 from ringtree.launch import elastic_spawn, restart_count, spawn
 
 
@@ -65,11 +65,12 @@ def test_mismatches_and_bad_arguments_raise_on_every_rank() -> None:
         assert out["after"] == "[3.0, 3.0, 3.0]", rank
 
 
-def dead_peer(rank: int, algorithm: str) -> tuple[str, float]:
+def dead_peer(rank: int, algorithm: str, transport: str) -> tuple[str, float]:
     """Rank 3 dies in the second step of the collective; the others must raise, not hang.
 
     (A rank that already holds everything it needs would finish correctly: here none does.)
     """
+    os.environ[shm.TRANSPORT_ENV] = transport
     if rank == 3:
         import ringtree.comm.executor as executor
 
@@ -87,8 +88,16 @@ def dead_peer(rank: int, algorithm: str) -> tuple[str, float]:
                 os._exit(0)
             real_one(work, peer, sending, t, *args)
 
+        real_sync = shm._Doorbells.sync
+
+        def dying_sync(self: shm._Doorbells, timeout: Any) -> None:
+            if self.epoch >= 2:  # shared memory: dies after step 0, without ringing
+                os._exit(0)
+            real_sync(self, timeout)
+
         executor._wait = dying
         executor._wait_one = dying_one
+        shm._Doorbells.sync = dying_sync  # type: ignore[method-assign]
     start = time.monotonic()
     message = _error(
         lambda: comm.all_reduce(torch.ones(1 << 16), algorithm=algorithm, timeout_s=10, validate=False)
@@ -96,9 +105,10 @@ def dead_peer(rank: int, algorithm: str) -> tuple[str, float]:
     return message, time.monotonic() - start
 
 
+@pytest.mark.parametrize("transport", ["p2p", "shm"])
 @pytest.mark.parametrize("algorithm", ["ring", "double_tree"])
-def test_a_peer_dying_mid_collective_raises_on_every_live_rank(algorithm: str) -> None:
-    results = spawn(dead_peer, 4, (algorithm,), timeout_s=90, allow_missing=True)
+def test_a_peer_dying_mid_collective_raises_on_every_live_rank(algorithm: str, transport: str) -> None:
+    results = spawn(dead_peer, 4, (algorithm, transport), timeout_s=90, allow_missing=True)
     assert results[3] is None  # it died
     for message, elapsed in results[:3]:
         assert message.startswith("CollectiveError"), message

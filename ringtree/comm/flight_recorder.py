@@ -144,7 +144,7 @@ def diagnose(record: Record, me: int) -> str:
 
 
 def _publish(record: Record) -> None:
-    store = _store()
+    store = default_store()
     if store is None:
         return
     value = f"{record.seq}|{record.collective}|{record.algorithm}"
@@ -152,7 +152,7 @@ def _publish(record: Record) -> None:
 
 
 def _read(group: list[int], rank: int) -> Published | None:
-    store = _store()
+    store = default_store()
     if store is None:
         return None
     key = _key(group, rank)
@@ -169,7 +169,7 @@ def _key(group: list[int], rank: int) -> str:
     return f"{KEY_PREFIX}/{'-'.join(map(str, group))}/{rank}"
 
 
-def _store() -> Store | None:
+def default_store() -> Store | None:
     """The default group's store. torch keeps it behind a private accessor (its own Flight
     Recorder and elastic agent use it too); if that ever moves, hangs are still reported, only
     without a culprit."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import os
 import select
 import socket
@@ -41,17 +42,18 @@ import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from ringtree.comm.errors import CollectiveError
+from ringtree.comm.flight_recorder import default_store
 from ringtree.comm.reduce_ops import COMBINE_INTO, Combine
 from ringtree.schedules import OpKind, Schedule, Step
 
 SHM_DIR = Path("/dev/shm")
-MIN_BYTES = 1 << 20
+MIN_BYTES = 0  # measured faster than gloo's loopback TCP from 4 KiB up (docs/benchmarks.md)
 TRANSPORTS = ("auto", "shm", "p2p")
 TRANSPORT_ENV = "RINGTREE_TRANSPORT"
 
@@ -73,7 +75,7 @@ def usable(buf: torch.Tensor, pg: dist.ProcessGroup, timeout: timedelta) -> bool
         return False
     if choice == "auto" and buf.numel() * buf.element_size() < MIN_BYTES:
         return False
-    if not SHM_DIR.is_dir():
+    if not SHM_DIR.is_dir() or default_store() is None:
         return False
     return _group(pg, timeout).one_host
 
@@ -246,26 +248,43 @@ class _Doorbells:
     reference machine, and a ring all-reduce synchronises after every step.
     """
 
-    def __init__(self, rank: int, world: int, inbox: int, outboxes: list[int]) -> None:
-        self.rank, self.inbox, self.outboxes = rank, inbox, outboxes
+    def __init__(self, rank: int, inbox: int, outboxes: list[int], pids: list[int], names: list[int]) -> None:
+        self.rank, self.inbox, self.outboxes, self.pids, self.names = rank, inbox, outboxes, pids, names
         self.token = struct.pack("<I", rank)
-        self.rung = [0] * world
-        self.peers = [q for q in range(world) if q != rank]
+        self.rung = [0] * len(pids)
+        self.peers = [q for q in range(len(pids)) if q != rank]
         self.epoch = 0
 
     def sync(self, timeout: timedelta) -> None:
+        """Ring every peer, then wait for all of them; a peer whose process is gone fails the
+        wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
         self.epoch += 1
         for fd in self.outboxes:
             os.write(fd, self.token)
         deadline = time.monotonic() + timeout.total_seconds()
-        while min(self.rung[q] for q in self.peers) < self.epoch:
+        while late := [q for q in self.peers if self.rung[q] < self.epoch]:
             left = deadline - time.monotonic()
             if left <= 0:
-                late = [q for q in self.peers if self.rung[q] < self.epoch]
-                raise RuntimeError(f"Timed out waiting for rank(s) {late} of the group")
-            if select.select([self.inbox], [], [], left)[0]:
+                raise RuntimeError(
+                    f"Timed out waiting for rank(s) {[self.names[q] for q in late]} of the group"
+                )
+            if select.select([self.inbox], [], [], min(left, LIVENESS_S))[0]:
                 for (q,) in struct.iter_unpack("<I", os.read(self.inbox, 1 << 16)):
                     self.rung[q] += 1
+            elif dead := [q for q in late if not _alive(self.pids[q])]:
+                gone = ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in dead)
+                raise RuntimeError(f"{gone} exited while this rank waited for it")
+
+
+LIVENESS_S = 0.2  # how often a waiting rank checks that the peers it waits for still run
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _doorbells(pg: dist.ProcessGroup, timeout: timedelta) -> _Doorbells:
@@ -275,12 +294,12 @@ def _doorbells(pg: dist.ProcessGroup, timeout: timedelta) -> _Doorbells:
     os.mkfifo(path, 0o600)
     try:
         inbox = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-        paths: list[object] = [None] * dist.get_world_size(pg)
-        _gather(paths, str(path), pg)
+        entries = _exchange(pg, "opening the shared-memory doorbells", [str(path), os.getpid()], timeout)
         rank = dist.get_rank(pg)
-        outboxes = [os.open(str(q), os.O_WRONLY | os.O_NONBLOCK) for i, q in enumerate(paths) if i != rank]
-        _sync(pg, timeout, "opening the shared-memory doorbells")
-        return _Doorbells(rank, len(paths), inbox, outboxes)
+        outboxes = [os.open(p, os.O_WRONLY | os.O_NONBLOCK) for i, (p, _) in enumerate(entries) if i != rank]
+        _exchange(pg, "opening the shared-memory doorbells", None, timeout)
+        names = [_global_rank(pg, q) for q in range(len(entries))]
+        return _Doorbells(rank, inbox, outboxes, [pid for _, pid in entries], names)
     finally:
         path.unlink(missing_ok=True)
 
@@ -309,7 +328,7 @@ class _Group:
         try:
             self.bells.sync(timeout)
         except RuntimeError as e:
-            raise CollectiveError(_failed(f"{what} at step {t}/{n}", e, self.pg, timeout)) from e
+            raise CollectiveError(_failed(f"{what} at step {t}/{n}", e, timeout)) from e
 
 
 # By id: process groups cannot be weakly referenced; each entry holds its group, so the id
@@ -323,18 +342,17 @@ def _group(pg: dist.ProcessGroup, timeout: timedelta) -> _Group:
     with _groups_lock:
         have = _groups.get(id(pg))
         if have is None or have.pg is not pg:
-            hosts: list[object] = [None] * dist.get_world_size(pg)
-            _gather(hosts, _host(), pg)
-            have = _groups[id(pg)] = _Group(pg, len(set(hosts)) == 1 and hosts[0] is not None)
+            hosts = [str(h) for h in _exchange(pg, "setting up shared memory", _host(), timeout)]
+            have = _groups[id(pg)] = _Group(pg, len(set(hosts)) == 1 and hosts[0] != "None")
         return have
 
 
-def _host() -> tuple[str, int, int] | None:
+def _host() -> list[object] | None:
     """What makes two processes able to share /dev/shm and count as one node: the hostname,
     the network namespace (each emulated node has its own) and the /dev/shm filesystem."""
     try:
         netns = os.stat("/proc/self/ns/net").st_ino
-        return socket.gethostname(), netns, SHM_DIR.stat().st_dev
+        return [socket.gethostname(), netns, SHM_DIR.stat().st_dev]
     except OSError:
         return None
 
@@ -355,41 +373,55 @@ def _map_all(pg: dist.ProcessGroup, size: int, timeout: timedelta) -> list[torch
             os.close(fd)
     except OSError as e:
         error = f"rank {dist.get_rank()} could not reserve {size} bytes in {SHM_DIR}: {e}"
-    gathered: list[object] = [None] * dist.get_world_size(pg)
     try:
-        _gather(gathered, (str(path), error), pg)
-        entries = [cast(tuple[str, str], e) for e in gathered]
+        entries = _exchange(pg, "mapping the shared buffers", [str(path), error], timeout)
         errors = [e for _, e in entries if e]
         if errors:
             raise CollectiveError(f"{errors[0]}; free space there or set {TRANSPORT_ENV}=p2p")
         views = [torch.from_file(p, shared=True, size=size, dtype=torch.uint8) for p, _ in entries]
-        _sync(pg, timeout, "mapping the shared buffers")
+        _exchange(pg, "mapping the shared buffers", None, timeout)
         return views
     finally:
         path.unlink(missing_ok=True)
 
 
-def _gather(out: list[object], mine: object, pg: dist.ProcessGroup) -> None:
+def _global_rank(pg: dist.ProcessGroup, q: int) -> int:
     try:
-        dist.all_gather_object(out, mine, group=pg)
-    except RuntimeError as e:
-        raise CollectiveError(_failed("setting up shared memory", e, pg)) from e
+        return dist.get_global_rank(pg, q)
+    except (ValueError, RuntimeError):
+        return q
 
 
-def _sync(pg: dist.ProcessGroup, timeout: timedelta, doing: str) -> None:
-    """Wait until every rank of the group gets here, through gloo (while setting up)."""
+_rounds: dict[str, int] = {}
+
+
+def _exchange(pg: dist.ProcessGroup, doing: str, mine: Any, timeout: timedelta) -> list[Any]:
+    """Every rank of the group posts `mine` (JSON) and gets everyone's, in group rank order.
+
+    Setting up goes through the default group's store (torch's TCPStore or FileStore, as the
+    flight recorder does) rather than a gloo collective, so that it keeps the call's timeout
+    and names a rank that never comes, as the steps do.
+    """
+    store = default_store()
+    assert store is not None  # usable() said so
+    name = f"{pg.group_name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    n = _rounds[name] = _rounds.get(name, 0) + 1
+    keys = [f"ringtree-shm/{name}/{n}/{q}" for q in range(dist.get_world_size(pg))]
+    store.set(keys[dist.get_rank(pg)], json.dumps(mine))
     try:
-        work = dist.all_reduce(torch.zeros(1, dtype=torch.int32), group=pg, async_op=True)
-        assert work is not None
-        work.wait(timeout)
+        store.wait(keys, timeout)
     except RuntimeError as e:
-        raise CollectiveError(_failed(doing, e, pg, timeout)) from e
+        late = [_global_rank(pg, q) for q, key in enumerate(keys) if not store.check([key])]
+        raise CollectiveError(
+            _failed(doing, RuntimeError(f"Timed out waiting for rank(s) {late}"), timeout)
+        ) from e
+    return [json.loads(store.get(key)) for key in keys]
 
 
-def _failed(doing: str, e: RuntimeError, pg: dist.ProcessGroup, timeout: timedelta | None = None) -> str:
-    after = "" if timeout is None else f" (timeout {timeout.total_seconds():g}s)"
+def _failed(doing: str, e: RuntimeError, timeout: timedelta) -> str:
     return (
-        f"{doing} on rank {dist.get_rank()} over shared memory failed or timed out{after}: "
+        f"{doing} on rank {dist.get_rank()} over shared memory failed or timed out "
+        f"(timeout {timeout.total_seconds():g}s): "
         f"{str(e).splitlines()[0][:300]}. A peer probably died or stopped calling this collective; "
         "check the other ranks' logs."
     )
