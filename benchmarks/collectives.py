@@ -91,7 +91,7 @@ def _values(rank: int, count: int) -> torch.Tensor:
 def _transport(variant: str) -> str:
     """Run `variant` ("ring", or "ring/p2p" for gloo's point-to-point transport) in this process."""
     algorithm, _, transport = variant.partition("/")
-    os.environ[TRANSPORT_ENV] = transport or "auto"
+    os.environ[TRANSPORT_ENV] = transport or "shm"
     return algorithm
 
 

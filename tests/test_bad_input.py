@@ -50,7 +50,7 @@ def test_bad_input_exits_2_with_one_sentence(tmp_path: Path, args: list[str], fr
 
 
 def test_a_bad_transport_setting_exits_2(tmp_path: Path) -> None:
-    fragment = "RINGTREE_TRANSPORT='tcp' is not a transport; use one of auto, shm, p2p"
+    fragment = "RINGTREE_TRANSPORT='tcp' is not a transport; use one of shm, p2p"
     _exits_2(tmp_path, ["bench"], fragment, {"RINGTREE_TRANSPORT": "tcp"})
 
 

@@ -49,7 +49,7 @@ def test_a_step_that_receives_into_what_it_sends_is_staged() -> None:
 
 def test_transport_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(shm.TRANSPORT_ENV, "tcp")
-    with pytest.raises(ValueError, match="'tcp' is not a transport; use one of auto, shm, p2p"):
+    with pytest.raises(ValueError, match="'tcp' is not a transport; use one of shm, p2p"):
         shm.transport()
 
 

@@ -20,10 +20,10 @@ all-reduce do on CPUs. This module is that transport for ringtree's schedules:
   reads and writes the caller's tensor directly.
 
 The schedule, the order of the reductions and so the result are exactly those of the
-point-to-point executor: only the transport differs. It serves CPU tensors on gloo, of at
-least `MIN_BYTES`, when every rank of the group sits on this host (same hostname, network
-namespace and /dev/shm: ranks of different `ringtree emulate` nodes never share memory).
-Small buffers stay on gloo's pipelined path, where the data moves with fewer wake-ups.
+point-to-point executor: only the transport differs. It serves CPU tensors on gloo, of any
+size (measured faster than gloo's loopback TCP from 4 KiB to 64 MiB), when every rank of the
+group sits on this host (same hostname, network namespace and /dev/shm: ranks of different
+`ringtree emulate` nodes never share memory). RINGTREE_TRANSPORT=p2p turns it off.
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ from ringtree.comm.reduce_ops import COMBINE_INTO, Combine
 from ringtree.schedules import OpKind, Schedule, Step
 
 SHM_DIR = Path("/dev/shm")
-MIN_BYTES = 0  # measured faster than gloo's loopback TCP from 4 KiB up (docs/benchmarks.md)
-TRANSPORTS = ("auto", "shm", "p2p")
+TRANSPORTS = ("shm", "p2p")
 TRANSPORT_ENV = "RINGTREE_TRANSPORT"
 
 
 def transport() -> str:
-    """The transport asked for: RINGTREE_TRANSPORT = auto (the default), shm or p2p."""
-    name = os.environ.get(TRANSPORT_ENV, "auto")
+    """The transport asked for: RINGTREE_TRANSPORT = shm (the default: shared memory where the
+    group is on one host, point-to-point elsewhere) or p2p (always gloo's point-to-point)."""
+    name = os.environ.get(TRANSPORT_ENV, "shm")
     if name not in TRANSPORTS:
         raise ValueError(f"{TRANSPORT_ENV}={name!r} is not a transport; use one of {', '.join(TRANSPORTS)}")
     return name
@@ -70,10 +70,7 @@ def usable(buf: torch.Tensor, pg: dist.ProcessGroup, timeout: timedelta) -> bool
     """Whether this call runs over shared memory. The same answer on every rank of the group:
     everything it reads is the same everywhere (size, dtype, device, backend, the gathered hosts).
     """
-    choice = transport()
-    if choice == "p2p" or buf.device.type != "cpu" or dist.get_backend(pg) != "gloo":
-        return False
-    if choice == "auto" and buf.numel() * buf.element_size() < MIN_BYTES:
+    if transport() == "p2p" or buf.device.type != "cpu" or dist.get_backend(pg) != "gloo":
         return False
     if not SHM_DIR.is_dir() or default_store() is None:
         return False
