@@ -5,6 +5,8 @@
 Two cases by default, each in one spawned world (one intra-op thread per rank):
   large: 4 ranks, all_reduce of 16 MiB and 64 MiB  (targets: best ringtree >= 1.3x, ring >= 1.0x)
   small: 8 ranks, all_reduce of 4 KiB              (target: best ringtree >= 1.0x)
+and, with `--case transport`, each schedule over shared memory and over gloo's point-to-point
+transport ("ring/p2p") on 4 ranks from 4 KiB to 16 MiB.
 Each run times every algorithm at every size nccl-tests style (one validated warm-up call, then
 timed calls; the slowest rank's mean; busbw = 2(p-1)/p x bytes / time), sizes outer and
 algorithms inner so that load drift touches all alike. A run's ratio is an algorithm's busbw
@@ -55,7 +57,18 @@ CASES = {
     "small": Case(
         "small", 8, (4 << 10,), ("native", "ring", "halving_doubling", "tree", "double_tree"), 1.0, None
     ),
+    # not a target: each schedule over shared memory against the same schedule over gloo's
+    # point-to-point transport, from latency-bound to bandwidth-bound sizes
+    "transport": Case(
+        "transport",
+        4,
+        (4 << 10, 64 << 10, 1 << 20, 16 << 20),
+        ("native", "ring", "ring/p2p", "tree", "tree/p2p", "double_tree", "double_tree/p2p"),
+        1.0,
+        None,
+    ),
 }
+TARGETS = ("large", "small")
 
 
 def worker(rank: int, case: Case, runs: int, iters: int) -> Any:
@@ -163,12 +176,12 @@ def _row(rows: list[dict[str, Any]], size: int, algorithm: str) -> dict[str, Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all", help="all: the target cases")
     parser.add_argument("--runs", type=int, default=5, help="runs per case; ratios are their median")
     parser.add_argument("--iters", type=int, default=20, help="timed calls per measurement (small sizes)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    cases = list(CASES.values()) if args.case == "all" else [CASES[args.case]]
+    cases = [CASES[c] for c in TARGETS] if args.case == "all" else [CASES[args.case]]
     report: dict[str, Any] = {"runs": args.runs, "cases": {}}
     for case in cases:
         result = spawn(worker, case.nproc, (case, args.runs, args.iters), timeout_s=3600)[0]
