@@ -1,21 +1,24 @@
 """Predicted vs measured step time on emulated multi-node clusters (docs/accuracy.md).
 
-For each model: one run on 1 emulated node gives the compute time per step; for each inter-node
-rate, an emulated 2-node bench across the link is fitted by `ringtree calibrate`; then, BEFORE
-each multi-node run, `ringtree plan` predicts its step time from those two, and the run
-(`ringtree emulate ... -- train`) measures it. Every run has one rank per node and one thread per
-rank (see docs/emulate.md). Needs root or CAP_NET_ADMIN. Run it under the shared lock:
+For each inter-node rate and node count, an emulated bench of every algorithm across the link
+(sizes bracketing the models' gradients) is fitted by `ringtree calibrate`, which keeps the rows:
+the planner reads each algorithm's all-reduce time off its own rows at the gradient's size. Then,
+round after round (`--repeats`), for each model: a 1-rank run on 1 emulated node (the speedup's
+baseline), N ranks on ONE emulated node (the compute time at the CPU share the N-node run will
+have), and, interleaved over node counts, algorithms and rates so that load drift hits every row
+alike, `ringtree plan` predicts each N-node run BEFORE it runs (`ringtree emulate ... -- train`).
+Each row is the median over rounds, with the spread. Every run has one rank per node and one
+thread per rank (see docs/emulate.md). Needs root or CAP_NET_ADMIN. Run it under the shared lock:
 
     flock /tmp/ringtree-bench.lock python benchmarks/accuracy.py --models mlp --nodes 2 \
         --rates 100mbit,1gbit,10gbit --algorithms ring,native
-
-"native" (gloo's own all-reduce) has no closed form in the planner; it is predicted as ring.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -26,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANNED_AS = {"native": "ring"}  # the planner models gloo's native all-reduce as a ring
+# --model fit: the planner before it read calibration rows (one alpha-beta fit; native as ring)
+PLANNED_AS_BEFORE = {"native": "ring"}
+BENCH_SIZES = ["--min-bytes", "16K", "--max-bytes", "1M", "--step-factor", "2"]  # mlp 104 kB, vit 277 kB
 
 
 def ringtree(*args: str) -> None:
@@ -45,17 +50,44 @@ def train(model: str, algorithm: str, epochs: int, out: Path) -> list[str]:
     return [*args, "--no-progress", "--json", str(out)]
 
 
-def calibrate(rate: str, tmp: Path, nodes: int = 2) -> Path:
-    """An emulated ring bench across the link on `nodes` nodes, fitted by today's `ringtree calibrate`."""
+def calibrate(rate: str, tmp: Path, nodes: int, algorithms: list[str], replan: bool) -> Path:
+    """An emulated bench of every algorithm across the link on `nodes` nodes, fitted by
+    `ringtree calibrate` (with --replan, the kept bench rows are fitted again by today's code)."""
     rows, cal, record = (
         tmp / f"bench-{rate}{_n(nodes)}.json",
         tmp / f"cal-{rate}{_n(nodes)}.json",
         tmp / f"bench-{rate}{_n(nodes)}-cluster.json",
     )
-    bench = ["bench", "--algorithms", "ring", "--min-bytes", "4K", "--max-bytes", "4M", "--step-factor", "4"]
-    emulated(nodes, rate, [*bench, "--iters", "5", "--warmup", "2", "--json", str(rows)], record)
+    if not replan:
+        bench = [
+            "bench",
+            "--algorithms",
+            ",".join(algorithms),
+            *BENCH_SIZES,
+            "--iters",
+            "20",
+            "--warmup",
+            "3",
+        ]
+        emulated(nodes, rate, [*bench, "--json", str(rows)], record)
+    cal.unlink(missing_ok=True)
     ringtree("calibrate", str(rows), "--out", str(cal))
     return cal
+
+
+def ablated(cal: Path, model: str) -> Path:
+    """The calibration as the planner sees it under --model: `rows` (all of it), `fit` (no
+    measured rows, no per-algorithm fits: the planner before it read rows), `ring-rows` (only
+    the ring's rows and fit: every other algorithm falls back to the overall fit)."""
+    if model == "rows":
+        return cal
+    data = json.loads(cal.read_text())
+    keep = "ring" if model == "ring-rows" else None
+    data["measured"] = [r for r in data.get("measured", []) if r["algorithm"] == keep]
+    data["algorithms"] = {k: v for k, v in data.get("algorithms", {}).items() if k == keep}
+    out = cal.with_name(f"{cal.stem}-{model}.json")
+    out.write_text(json.dumps(data))
+    return out
 
 
 def _n(nodes: int) -> str:
@@ -63,14 +95,14 @@ def _n(nodes: int) -> str:
 
 
 def predict(
-    summary: dict[str, Any], compute_s: float, nodes: int, algorithm: str, cal: Path
+    summary: dict[str, Any], compute_s: float, nodes: int, algorithm: str, cal: Path, tag: str = ""
 ) -> dict[str, Any]:
     """The plan's JSON for this many nodes (its step time and all-reduce time are what we compare)."""
-    out = cal.with_name(f"plan-{summary['model']}-{nodes}-{algorithm}-{cal.stem}.json")
+    out = cal.with_name(f"plan-{summary['model']}-{nodes}-{algorithm}-{cal.stem}{tag}.json")
     ringtree(
         "plan", "--params", str(summary["parameters"]), "--compute-time", f"{compute_s:.6g}",
         "--nodes", str(nodes), "--gpus-per-node", "1", "--calibration", str(cal),
-        "--algorithm", PLANNED_AS.get(algorithm, algorithm), "--overlap",
+        "--algorithm", planned_as(algorithm, cal), "--overlap",
         "--bucket-mb", str(summary["bucket_mb"]), "--batch-size", str(summary["batch_size"]),
         "--json", str(out),
     )  # fmt: skip
@@ -78,62 +110,114 @@ def predict(
     return plan
 
 
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Every row; the JSON is rewritten after each one, so an interrupted sweep keeps its rows.
+def planned_as(algorithm: str, cal: Path) -> str:
+    """The algorithm the plan is asked for: itself, or ring for native under --model fit."""
+    return PLANNED_AS_BEFORE.get(algorithm, algorithm) if cal.stem.endswith("-fit") else algorithm
 
-    With --replan nothing runs: the rows are rebuilt from the measurements kept in `work`, with
-    predictions from today's planner (to check a model change against the same measurements).
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Every row; the JSON is rewritten after each round, so an interrupted sweep keeps its rows.
+
+    Calibrations first (one per rate and node count), then `--repeats` rounds; in each, per
+    model, the two baselines and then every (nodes, algorithm, rate) run, rates innermost. With
+    --replan nothing runs: the rows are rebuilt from the measurements kept in `work`, with
+    predictions from today's calibration and planner (to check a model change against the same
+    measurements).
     """
-    rows: list[dict[str, Any]] = []
     links: dict[str, Any] = {}
     cals: dict[tuple[str, int], Path] = {}
     for rate in args.rates:
         for nodes in [2] if args.calibrate_on == "two" else args.nodes:
-            cals[rate, nodes] = work / f"cal-{rate}{_n(nodes)}.json"
-            if not args.replan:
-                calibrate(rate, work, nodes)
+            cal = calibrate(rate, work, nodes, args.bench_algorithms or args.algorithms, args.replan)
+            cals[rate, nodes] = ablated(cal, args.model)
             record = json.loads((work / f"bench-{rate}{_n(nodes)}-cluster.json").read_text())
             links[f"{rate} x {nodes} nodes"] = record["links"]
-    for model in args.models:
-        base = work / f"{model}-1node.json"
-        if not args.replan:
-            emulated(1, args.rates[0], train(model, "ring", args.epochs, base), work / "c.json")
-        one = json.loads(base.read_text())
-        t1 = one["step_time_s"]  # one rank: no communication, the step is compute
-        for rate in args.rates:
+    cells: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    rows: list[dict[str, Any]] = []
+    for k in range(args.repeats):
+        for model in args.models:
+            one = baseline(model, 1, k, args, work)
+            t1 = float(one["step_time_s"])  # one rank: no communication, the step is compute
+            compute = {n: t1 if args.compute_from == "one-rank" else shared_compute(model, n, k, args, work)
+                       for n in args.nodes}  # fmt: skip
             for nodes in args.nodes:
-                compute_s = (
-                    t1 if args.compute_from == "one-rank" else shared_compute(model, nodes, rate, args, work)
-                )
                 for algorithm in args.algorithms:
-                    cal = cals[rate, 2 if args.calibrate_on == "two" else nodes]
-                    predicted = predict(one, compute_s, nodes, algorithm, cal)  # before the run
-                    out = work / f"{model}-{nodes}-{rate}-{algorithm}.json"
-                    if not args.replan:
-                        emulated(nodes, rate, train(model, algorithm, args.epochs, out), work / "c.json")
-                    if not out.exists():
-                        continue  # --replan of a sweep that was stopped early
-                    measured = json.loads(out.read_text())
-                    rows.append(row(model, nodes, rate, algorithm, t1, predicted, measured))
-                    print(json.dumps(rows[-1]), flush=True)
-                    save(args.out, rows, links)
+                    for rate in args.rates:
+                        cal = cals[rate, 2 if args.calibrate_on == "two" else nodes]
+                        predicted = predict(
+                            one, compute[nodes], nodes, algorithm, cal, _r(k)
+                        )  # before the run
+                        out = work / f"{model}-{nodes}-{rate}-{algorithm}{_r(k)}.json"
+                        if not args.replan:
+                            emulated(nodes, rate, train(model, algorithm, args.epochs, out), work / "c.json")
+                        if not out.exists():
+                            continue  # --replan of a sweep that was stopped early
+                        measured = json.loads(out.read_text())
+                        cell = row(model, nodes, rate, algorithm, t1, predicted, measured, cal)
+                        cells.setdefault((model, nodes, rate, algorithm), []).append(cell)
+                        print(json.dumps(cell), flush=True)
+        rows = [median_row(v) for v in sorted(cells.values(), key=_order(args))]
+        save(args.out, rows, links)
     return save(args.out, rows, links)
 
 
-def shared_compute(model: str, nodes: int, rate: str, args: argparse.Namespace, work: Path) -> float:
-    """Compute per step with N ranks sharing this machine's cores, measured on ONE node.
+def _order(args: argparse.Namespace) -> Any:
+    """Table order: model, rate, nodes, algorithm as given on the command line."""
 
-    N ranks of one emulated node (loopback between them, one thread each) load the cores as the
-    N-node run will; their step less its exposed communication is the compute the N-node run's
-    ranks will see. On a real cluster, where nodes do not share cores, this equals the 1-rank step.
-    Measured again right before each group of N-node runs, so that both see the same machine.
-    """
-    path = work / f"{model}-1node-{nodes}ranks-before-{rate}.json"
+    def key(runs: list[dict[str, Any]]) -> tuple[int, ...]:
+        r = runs[0]
+        return (args.models.index(r["model"]), args.rates.index(r["inter_bw"]), args.nodes.index(r["nodes"]),
+                args.algorithms.index(r["algorithm"]))  # fmt: skip
+
+    return key
+
+
+def _r(k: int) -> str:
+    return "" if k == 0 else f"-r{k}"  # round 0 keeps the first sweeps' file names
+
+
+def baseline(model: str, ranks: int, k: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """A run of `ranks` ranks on ONE emulated node (loopback between them, one thread each)."""
+    name = "1node" if ranks == 1 else f"1node-{ranks}ranks"
+    path = work / f"{model}-{name}{_r(k)}.json"
     if not args.replan:
         command = train(model, "ring", args.epochs, path)
-        ringtree("emulate", "--nodes", "1", "--nproc-per-node", str(nodes), "--", *command)
-    run = json.loads(path.read_text())
+        ringtree("emulate", "--nodes", "1", "--nproc-per-node", str(ranks), "--", *command)
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
+def shared_compute(model: str, nodes: int, k: int, args: argparse.Namespace, work: Path) -> float:
+    """Compute per step with N ranks sharing this machine's cores, measured on ONE node.
+
+    N ranks of one emulated node load the cores as the N-node run will; their step less its
+    exposed communication is the compute the N-node run's ranks will see. On a real cluster,
+    where nodes do not share cores, this equals the 1-rank step. Measured in every round, right
+    before that round's N-node runs, so that both see the same machine.
+    """
+    run = baseline(model, nodes, k, args, work)
     return float(run["step_time_s"] - run["exposed_comm_time_s"])
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One table row from the rounds of one cell: medians of every number, and the spread of the
+    measured step ((max - min) / median). The error and the pays-off verdict are the medians'."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float) and all(r.get(key) is not None for r in runs):
+            out[key] = statistics.median(float(r[key]) for r in runs)
+    steps = [r["measured_step_s"] for r in runs]
+    t1, n = out["one_node_step_s"], out["nodes"]
+    out.update(
+        repeats=len(runs),
+        measured_steps_s=steps,
+        measured_spread=(max(steps) - min(steps)) / statistics.median(steps),
+        error=out["predicted_step_s"] / out["measured_step_s"] - 1,
+        predicted_speedup=n * t1 / out["predicted_step_s"],
+        measured_speedup=n * t1 / out["measured_step_s"],
+    )
+    out["pays_off_predicted_correctly"] = (out["predicted_speedup"] > 1) == (out["measured_speedup"] > 1)
+    return out
 
 
 def save(path: Path, rows: list[dict[str, Any]], links: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +227,14 @@ def save(path: Path, rows: list[dict[str, Any]], links: dict[str, Any]) -> dict[
 
 
 def row(
-    model: str, nodes: int, rate: str, algorithm: str, t1: float, plan: dict[str, Any], run: dict[str, Any]
+    model: str,
+    nodes: int,
+    rate: str,
+    algorithm: str,
+    t1: float,
+    plan: dict[str, Any],
+    run: dict[str, Any],
+    cal: Path,
 ) -> dict[str, Any]:
     """One comparison. Speedup = N nodes' samples/s over one node's = N x t1 / t_N (batch per rank fixed).
 
@@ -158,7 +249,7 @@ def row(
         "nodes": nodes,
         "inter_bw": rate,
         "algorithm": algorithm,
-        "planned_as": PLANNED_AS.get(algorithm, algorithm),
+        "planned_as": planned_as(algorithm, cal),
         "one_node_step_s": t1,
         "predicted_step_s": predicted,
         "measured_step_s": measured,
@@ -168,9 +259,11 @@ def row(
         "pays_off_predicted_correctly": (nodes * t1 / predicted > 1) == (nodes * t1 / measured > 1),
         "predicted_compute_s": plan["compute_time_s"],
         "predicted_allreduce_s": plan["allreduce_time_s"],
+        "predicted_error_bar_s": (plan.get("explain") or {}).get("error_bar_s"),
         "measured_comm_s": run["comm_time_s"],
         "measured_exposed_comm_s": run["exposed_comm_time_s"],
         "measured_compute_s": measured - run["exposed_comm_time_s"],
+        "load_average_1m": os.getloadavg()[0],  # right after the run
     }
 
 
@@ -181,6 +274,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "median_abs_error": statistics.median(errors) if errors else None,
         "max_abs_error": max(errors) if errors else None,
         "pays_off_correct": sum(r["pays_off_predicted_correctly"] for r in rows),
+        "median_measured_spread": statistics.median(r.get("measured_spread", 0.0) for r in rows)
+        if rows
+        else None,
     }
 
 
@@ -201,8 +297,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         "| model | nodes | inter-node | algorithm | 1-node step (ms) | predicted (ms) | measured (ms) "
         "| error | speedup predicted | speedup measured | pays off? | all-reduce predicted / measured (ms) "
-        "| compute predicted / measured (ms) |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| compute predicted / measured (ms) | spread |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in result["rows"]:
         ok = "right" if r["pays_off_predicted_correctly"] else "WRONG"
@@ -220,6 +316,7 @@ def table(result: dict[str, Any]) -> str:
             ok,
             f"{_ms(r['predicted_allreduce_s'])} / {_ms(r['measured_comm_s'])}",
             f"{_ms(r['predicted_compute_s'])} / {_ms(r['measured_compute_s'])}",
+            f"{r.get('measured_spread', 0.0) * 100:.0f}%",
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
@@ -236,17 +333,30 @@ def main() -> None:
     parser.add_argument("--rates", type=lambda s: s.split(","), default=["100mbit", "1gbit", "10gbit"])
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=["ring", "native"])
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="Rounds; each row is their median.")
+    parser.add_argument(
+        "--bench-algorithms",
+        type=lambda s: s.split(","),
+        help="Algorithms of the calibration bench (default: --algorithms).",
+    )
+    parser.add_argument(
+        "--model",
+        choices=["rows", "fit", "ring-rows"],
+        default="rows",
+        help="What the planner may use of the calibration: everything (rows), the ring's rows "
+        "only, or the alpha-beta fit alone with native planned as ring (the model before rows).",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs/data/accuracy.json")
     parser.add_argument(
         "--compute-from",
         choices=["one-rank", "same-ranks"],
-        default="one-rank",
+        default="same-ranks",
         help="Compute time for the plan: the 1-rank run's step, or N ranks sharing one node's cores.",
     )
     parser.add_argument(
         "--calibrate-on",
         choices=["two", "run-nodes"],
-        default="two",
+        default="run-nodes",
         help="Calibrate from a 2-node bench, or from a bench on as many nodes as the run.",
     )
     parser.add_argument("--table-from", type=Path, help="Only print the table of an earlier --out file.")

@@ -366,8 +366,8 @@ def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path
         run_nodes = int(summary.get("nodes") or 1)
         run_ranks = int(summary.get("world_size") or 1)
         chosen = str(summary.get("algorithm") or "ring") if algorithm == "auto" else algorithm
-        if chosen not in _algorithms():
-            chosen = "ring"  # torch's native all-reduce is modelled as ring
+        if chosen not in (*_algorithms(), "native"):
+            chosen = "ring"  # an algorithm the planner does not know is planned as ring
     except (ValueError, OSError) as e:
         raise typer.BadParameter(str(e)) from None
     if run_nodes != 1:

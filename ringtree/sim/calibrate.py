@@ -15,6 +15,7 @@ alike), theta >= 0, re-solved with A taken at the last solution until the piece 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -62,6 +63,9 @@ class Calibration:
     inter_beta_s_per_byte: float | None = None
     levels: dict[str, LevelFit] = field(default_factory=dict)
     nccl: dict[str, Any] | None = None
+    # each algorithm's own fit (`links_dict` keys), and the measured rows (`measured_rows`)
+    algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    measured: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def link(self) -> Link:
@@ -72,6 +76,17 @@ class Calibration:
         if self.inter_alpha_s is None or self.inter_beta_s_per_byte is None:
             return None
         return _link("calibrated-inter", self.inter_alpha_s, self.inter_beta_s_per_byte)
+
+    @property
+    def theta(self) -> Matrix:
+        """The fitted parameters in `model_time`'s order (five with an inter-node link)."""
+        inter = [] if self.inter_alpha_s is None else [self.inter_alpha_s, self.inter_beta_s_per_byte]
+        return np.array([self.alpha_s, self.beta_s_per_byte, *inter, self.gamma_s_per_byte])
+
+    def links_dict(self) -> dict[str, Any]:
+        """The fitted costs and how well they fit, without the rows (one algorithm's own fit)."""
+        keys = ("alpha_s", "beta_s_per_byte", "inter_alpha_s", "inter_beta_s_per_byte", "gamma_s_per_byte")
+        return {k: getattr(self, k) for k in (*keys, "rows", "rms_rel_error", "max_rel_error")}
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "levels"}
@@ -122,13 +137,45 @@ def coefficients(row: dict[str, Any], theta: Matrix) -> Matrix:
 
 
 def fit(rows: list[dict[str, Any]]) -> Calibration:
-    """Least squares on relative error over bench all-reduce rows, every parameter >= 0."""
+    """Least squares on relative error over bench all-reduce rows, every parameter >= 0.
+
+    Besides the fit over all rows, each algorithm with rows of its own gets its own fit
+    (`algorithms`), and the rows themselves are kept (`measured`, one per algorithm, node shape
+    and size) so that a plan can read a time off them at its own message size (`ringtree.sim.measured`).
+    """
     used = [r for r in rows if r.get("collective") == "all_reduce" and r["bytes"] > 0 and r["time_us"] > 0]
     if not used:
         raise ValueError("no all_reduce rows with bytes > 0: run `ringtree bench --json FILE` first")
     for r in used:
         check_algorithm(str(r["algorithm"]))
-    two_level = any(shape(r)[0] > 1 for r in used)
+    overall = _fit_rows(used)
+    own: dict[str, Calibration] = {}
+    for name in sorted({str(r["algorithm"]) for r in used}):
+        try:
+            own[name] = _fit_rows([r for r in used if r["algorithm"] == name])
+        except ValueError:
+            continue  # too few rows of its own: its times are read off the overall fit
+    return dataclasses.replace(
+        overall,
+        algorithms={name: c.links_dict() for name, c in own.items()},
+        measured=measured_rows(used, {name: c.theta for name, c in own.items()}, overall.theta),
+    )
+
+
+def levels_seen(rows: list[dict[str, Any]]) -> tuple[bool, bool]:
+    """(intra, inter): whether some row moved data inside a node, and some between nodes."""
+    shapes = [shape(r) for r in rows]
+    return any(per_node > 1 for _, per_node in shapes), any(nodes > 1 for nodes, _ in shapes)
+
+
+def _fit_rows(used: list[dict[str, Any]]) -> Calibration:
+    """The fit of `fit` over these rows only: two levels when both were exercised, else one.
+
+    Rows of several nodes with one rank each exercise only the network: one link is fitted and it
+    is the inter-node link (the intra-node link, never used by such rows, is given the same values).
+    """
+    intra, inter = levels_seen(used)
+    two_level = intra and inter
     names = (
         ("alpha", "beta", "alpha_inter", "beta_inter", "gamma") if two_level else ("alpha", "beta", "gamma")
     )
@@ -144,13 +191,18 @@ def fit(rows: list[dict[str, Any]]) -> Calibration:
     best, best_err = theta, math.inf
     for _ in range(_ITERATIONS):
         design = np.array([coefficients(r, theta) for r in used]) / measured[:, None]
-        theta = nonnegative_lstsq(design, np.ones(len(used)))
+        theta = nonnegative_lstsq(design, np.ones(len(used)), without_gamma(design))
         rel = np.array([model_time(r, theta) for r in used]) / measured - 1.0
         err = float(np.sum(rel**2))
         if err >= best_err * (1 - 1e-9):
             break
         best, best_err = theta, err
-    return _calibration(used, best, measured, two_level)
+    fitted = _calibration(used, best, measured, two_level)
+    if inter and not intra:  # the one fitted link is the network's
+        fitted = dataclasses.replace(
+            fitted, inter_alpha_s=fitted.alpha_s, inter_beta_s_per_byte=fitted.beta_s_per_byte
+        )
+    return fitted
 
 
 def _calibration(used: list[dict[str, Any]], theta: Matrix, measured: Matrix, two_level: bool) -> Calibration:
@@ -175,6 +227,26 @@ def _calibration(used: list[dict[str, Any]], theta: Matrix, measured: Matrix, tw
     )
 
 
+def measured_rows(
+    used: list[dict[str, Any]], own: dict[str, Matrix], overall: Matrix
+) -> list[dict[str, Any]]:
+    """One row per (algorithm, nodes, ranks per node, bytes): the median measured time, and the
+    relative residual there of the algorithm's own fit (the overall fit's when it has none)."""
+    groups: dict[tuple[str, int, int, int], list[dict[str, Any]]] = {}
+    for r in used:
+        nodes, per_node = shape(r)
+        groups.setdefault((str(r["algorithm"]), nodes, per_node, int(r["bytes"])), []).append(r)
+    out = []
+    for (name, nodes, per_node, nbytes), group in sorted(groups.items()):
+        seconds = float(np.median([r["time_us"] for r in group])) * 1e-6
+        fitted = float(np.mean([model_time(r, own.get(name, overall)) for r in group]))
+        out.append(
+            {"algorithm": name, "nodes": nodes, "ranks_per_node": per_node, "bytes": nbytes,
+             "time_s": seconds, "fit_rel_error": fitted / seconds - 1.0}
+        )  # fmt: skip
+    return out
+
+
 def level_fits(rel: Matrix, inter: list[bool]) -> dict[str, LevelFit]:
     """RMS and max relative error over the one-node rows (intra) and the multi-node rows (inter)."""
     out: dict[str, LevelFit] = {}
@@ -186,12 +258,26 @@ def level_fits(rel: Matrix, inter: list[bool]) -> dict[str, LevelFit]:
     return out
 
 
-def nonnegative_lstsq(a: Matrix, b: Matrix) -> Matrix:
-    """The best least-squares solution with every entry >= 0, by trying each subset of free entries."""
+def without_gamma(design: Matrix) -> bool:
+    """Whether the reduction cost (last column) is indistinguishable from the others: with one
+    rank per node a ring reduces as many bytes as it sends, so gamma and beta cannot be told apart
+    and the time is put on the link (gamma = 0)."""
+    return _rank(design[:, :-1]) == _rank(design)
+
+
+def _rank(a: Matrix) -> int:
+    """Rank up to the finite differences' noise (singular values 1e-9 of the largest)."""
+    values = np.linalg.svd(a, compute_uv=False)
+    return int(np.sum(values > values[0] * 1e-9)) if values.size and values[0] > 0 else 0
+
+
+def nonnegative_lstsq(a: Matrix, b: Matrix, fix_last: bool = False) -> Matrix:
+    """The best least-squares solution with every entry >= 0, by trying each subset of free entries
+    (the last entry held at 0 when `fix_last`)."""
     n = a.shape[1]
     best, best_err = np.zeros(n), float(np.sum(b**2))
     for k in range(1, n + 1):
-        for free in itertools.combinations(range(n), k):
+        for free in itertools.combinations(range(n - 1 if fix_last else n), k):
             x = np.zeros(n)
             x[list(free)] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
             err = float(np.sum((a @ x - b) ** 2))
@@ -260,6 +346,8 @@ def load(path: Path) -> Calibration:
             None if inter_beta is None else float(inter_beta),
             levels,
             data.get("nccl"),
+            dict(data.get("algorithms") or {}),
+            list(data.get("measured") or []),
         )
     except (KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a `ringtree calibrate` file: missing or bad {e}") from None

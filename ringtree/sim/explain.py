@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.measured import allreduce_seconds
 from ringtree.sim.plan import StepConfig, bottleneck, predict_step, speedup_vs_one_node
 
 TARGET_EFFICIENCY = 0.9
@@ -91,6 +92,26 @@ def calibration_error(path: Path | None) -> float | None:
     return float(rms) if rms is not None else None
 
 
+def measured_error(
+    config: StepConfig, cluster: Cluster, algorithm: str
+) -> tuple[float | None, float | None, list[str]]:
+    """(seconds, relative error, notes) from a calibration's measured rows: the notes say where
+    each bucket's all-reduce time comes from, the error is the calibration's residual at each
+    bucket's size. The error is None when the cluster has no measured rows of `algorithm`."""
+    table = cluster.measured
+    sizes = config.buckets()
+    if table is None or not sizes:
+        return None, None, []
+    notes = [table.describe(algorithm, cluster, n) for n in dict.fromkeys(sizes)]
+    residuals = [table.residual(algorithm, cluster, n) for n in sizes]
+    if any(r is None for r in residuals):
+        return None, None, notes
+    seconds = [allreduce_seconds(algorithm, cluster, n, config.itemsize) for n in sizes]
+    total = sum(seconds)
+    error_s = sum(float(r or 0.0) * t for r, t in zip(residuals, seconds, strict=True))
+    return error_s, error_s / total if total else 0.0, notes
+
+
 def explain(
     config: StepConfig, cluster: Cluster, algorithm: str, calibration: Path | None = None
 ) -> dict[str, Any]:
@@ -99,7 +120,6 @@ def explain(
     bounds = level_bounds(config, cluster)
     level, share = bottleneck(config, cluster, algorithm)
     needed = bandwidth_for_efficiency(config, cluster, algorithm)
-    rel = calibration_error(calibration)
     lines = [f"bound at the {b['level']} level ({b['link']}): {b['formula']}" for b in bounds]
     lines.append(f"bottleneck: {level} link, {share:.0%} of the all-reduce time")
     if cluster.nodes > 1:
@@ -109,18 +129,23 @@ def explain(
             if needed
             else "90% scaling efficiency is out of reach at any inter-node bandwidth (latency or intra link)"
         )
-    error_s = rel * row.allreduce_time_s if rel is not None else None
+    error_s, rel, notes = measured_error(config, cluster, algorithm)
+    lines += notes
+    if rel is not None:
+        what = f"the calibration's {rel:.1%} residual at the planned size"
+    else:
+        rel = calibration_error(calibration)
+        error_s = rel * row.allreduce_time_s if rel is not None else None
+        what = f"the calibration's {rel:.1%} RMS residual" if rel is not None else ""
     if error_s is not None:
-        lines.append(
-            f"error bar: +/- {error_s:.4f} s on the step (the calibration's {rel:.1%} RMS residual "
-            "on the all-reduce time)"
-        )
+        lines.append(f"error bar: +/- {error_s:.4f} s on the step ({what} on the all-reduce time)")
     return {
         "level_bounds": bounds,
         "bottleneck": level,
         "bottleneck_share": share,
         "inter_bandwidth_for_90pct_Bps": needed,
         "error_bar_s": error_s,
+        "error_bar_rel": rel,
         "lines": lines,
     }
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ringtree.topology import LinkLevel, Topology
 
 if TYPE_CHECKING:
+    from ringtree.sim.measured import MeasuredTimes
     from ringtree.sim.nccl_model import NcclTuning
 
 
@@ -59,6 +60,9 @@ class Cluster:
     # NCCL's view of a GPU cluster with calibrated corrections (ringtree.sim.nccl_model); None:
     # derived from the link presets when the cluster is a GPU one.
     nccl: NcclTuning | None = None
+    # A calibration's measured all-reduce rows (ringtree.sim.measured): the planner reads its
+    # all-reduce times off them at the planned size. None: the closed form on the links.
+    measured: MeasuredTimes | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -86,7 +90,9 @@ class Cluster:
         return dataclasses.replace(self, nodes=nodes)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(dataclasses.replace(self, measured=None))
+        out["measured"] = self.measured is not None  # the rows themselves are in the calibration file
+        return out
 
 
 _BANDWIDTH_UNITS = {"gb/s": 1e9, "gbps": 1e9 / 8, "gbit/s": 1e9 / 8, "mb/s": 1e6, "mbit/s": 1e6 / 8}

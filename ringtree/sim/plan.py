@@ -22,6 +22,7 @@ from typing import Any
 
 from ringtree.sim.closed_form import ALGORITHMS, check_algorithm, estimate
 from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.measured import allreduce_seconds
 
 MODELS: dict[str, int] = {
     "vit-base": 86_000_000,
@@ -247,7 +248,9 @@ def dp_group(cluster: Cluster, tp: int, dp: int) -> Cluster:
     if cluster.nics_per_node < concurrent:  # several groups on one NIC: each gets its share
         share = cluster.nics_per_node / concurrent
         inter = Link(inter.name, inter.alpha_s, inter.bandwidth_Bps * share)
-    return Cluster(nodes, local, cluster.intra, inter, cluster.gamma, min(nics, local))
+    return Cluster(
+        nodes, local, cluster.intra, inter, cluster.gamma, min(nics, local), measured=cluster.measured
+    )
 
 
 def stage_link(cluster: Cluster, tp: int, dp: int) -> Link:
@@ -282,7 +285,7 @@ def predict(
         group_dp = dataclasses.replace(cluster, nodes=-(-dp // local), gpus_per_node=local)
     else:
         group_dp = dp_group(cluster, tp, dp)
-    cache = {n: estimate(name, group_dp, n, work.itemsize) for n in set(sizes)}
+    cache = {n: allreduce_seconds(algorithm, group_dp, n, work.itemsize) for n in set(sizes)}
     times = [cache[n] for n in sizes]
     if work.overlap:
         end, produced = 0.0, 0

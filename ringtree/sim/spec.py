@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ringtree.sim import calibrate, nccl_fit
 from ringtree.sim.hardware import Cluster, parse_link
+from ringtree.sim.measured import MeasuredTimes
 from ringtree.sim.nccl_model import NcclTuning, system_from_links
 from ringtree.sim.presets import INTER, INTRA
 
@@ -43,7 +44,8 @@ def make_cluster(
     )
     assert intra_link is not None and inter_link is not None
     gamma = fitted.gamma_s_per_byte if fitted else Cluster.gamma
-    return Cluster(nodes, gpus_per_node, intra_link, inter_link, gamma, nics_per_node or 1)
+    measured = MeasuredTimes.from_calibration(fitted) if fitted else None
+    return Cluster(nodes, gpus_per_node, intra_link, inter_link, gamma, nics_per_node or 1, measured=measured)
 
 
 def _nccl_cluster(

@@ -1,0 +1,231 @@
+"""All-reduce times read off a calibration's measured rows, at the planned message size.
+
+A fit of latency + bytes / bandwidth is pulled by every row it is fitted to (on TCP, a 4 MiB row
+that has ramped up to speed makes a 256 kB all-reduce look too fast). So when the calibration holds
+rows of the planned algorithm, the plan reads the time off them (names: n the planned bytes, C the
+planned cluster, R a cluster of the rows' node shape on the calibrated links, t(R, n) the rows'
+time, f(X, n) the closed form of the algorithm on X with the algorithm's own fitted links):
+
+  * n inside the rows' sizes: t(R, n) interpolated log-log between the two nearest sizes;
+  * outside: the nearest row scaled by the algorithm's own fit, t(R, edge) x f(R, n) / f(R, edge);
+  * rows of the plan's node shape are preferred; otherwise the nearest node count, scaled by the
+    closed form's step count on the plan's shape: seconds = t(R, n) x f(C, n) / f(R, n);
+  * no rows of the algorithm: the closed form with the overall fit (as before calibration rows).
+
+A plan on other links than the calibrated ones (a named --inter, the bottleneck's free link) keeps
+the rows' correction, t(R, n) / f(R, n), and takes f(C, n) on its own links.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ringtree.sim.closed_form import check_algorithm, estimate
+from ringtree.sim.hardware import Cluster, Link
+
+_HUGE = 1e30  # bandwidth of a link with no transfer cost
+
+
+@dataclass(frozen=True)
+class Links:
+    """One fit's links and reduction cost."""
+
+    intra: Link
+    inter: Link
+    gamma: float
+
+    @classmethod
+    def from_fit(cls, fit: dict[str, Any]) -> Links:
+        """From `Calibration.links_dict()` keys; a one-level fit's link serves both levels."""
+        intra = _link("calibrated", fit["alpha_s"], fit["beta_s_per_byte"])
+        inter_alpha, inter_beta = fit.get("inter_alpha_s"), fit.get("inter_beta_s_per_byte")
+        inter = (
+            intra
+            if inter_alpha is None or inter_beta is None
+            else _link("calibrated-inter", inter_alpha, inter_beta)
+        )
+        return cls(intra, inter, float(fit["gamma_s_per_byte"]))
+
+    def on(self, cluster: Cluster, nodes: int | None = None, per_node: int | None = None) -> Cluster:
+        """`cluster` (reshaped to nodes x per_node if given) on these links."""
+        return dataclasses.replace(
+            cluster,
+            nodes=nodes or cluster.nodes,
+            gpus_per_node=per_node or cluster.gpus_per_node,
+            intra=self.intra,
+            inter=self.inter,
+            gamma=self.gamma,
+        )
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One algorithm's measured times on one node shape: sizes ascending, seconds, fit residuals."""
+
+    algorithm: str
+    nodes: int
+    per_node: int
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    residuals: tuple[float, ...]
+
+    def bracket(self, nbytes: int) -> tuple[int, int, float]:
+        """(i, j, w): the rows around nbytes and the log-size weight of j (i == j outside the range)."""
+        if nbytes <= self.sizes[0]:
+            return 0, 0, 0.0
+        if nbytes >= self.sizes[-1]:
+            last = len(self.sizes) - 1
+            return last, last, 0.0
+        j = bisect.bisect_left(self.sizes, nbytes)
+        i = j - 1
+        w = math.log(nbytes / self.sizes[i]) / math.log(self.sizes[j] / self.sizes[i])
+        return i, j, w
+
+    def time(self, nbytes: int, fit: Any) -> float:
+        """The measured time at nbytes: log-log interpolation inside, `fit(n)`'s shape outside."""
+        i, j, w = self.bracket(nbytes)
+        if i != j:
+            return math.exp((1 - w) * math.log(self.seconds[i]) + w * math.log(self.seconds[j]))
+        edge = fit(self.sizes[i])
+        return self.seconds[i] * (fit(nbytes) / edge if edge > 0 else 1.0)
+
+    def residual(self, nbytes: int) -> float:
+        """|relative residual| of the fit at nbytes, interpolated in log size between the nearest rows."""
+        i, j, w = self.bracket(nbytes)
+        return (1 - w) * abs(self.residuals[i]) + w * abs(self.residuals[j])
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an all-reduce time came from: the curve used (None: the closed form) and why."""
+
+    curve: Curve | None
+    note: str
+
+
+@dataclass(frozen=True)
+class MeasuredTimes:
+    """A calibration's measured rows and fits, as the planner reads them."""
+
+    overall: Links
+    own: tuple[tuple[str, Links], ...]
+    curves: tuple[Curve, ...]
+
+    @classmethod
+    def from_calibration(cls, fitted: Any) -> MeasuredTimes | None:
+        """From a `calibrate.Calibration`; None when it kept no measured rows (older files)."""
+        if not fitted.measured:
+            return None
+        overall = Links.from_fit(fitted.links_dict())
+        own = tuple((name, Links.from_fit(fit)) for name, fit in sorted(fitted.algorithms.items()))
+        groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+        for r in fitted.measured:
+            groups.setdefault((r["algorithm"], int(r["nodes"]), int(r["ranks_per_node"])), []).append(r)
+        curves = []
+        for (name, nodes, per_node), rows in sorted(groups.items()):
+            rows.sort(key=lambda r: int(r["bytes"]))
+            curves.append(
+                Curve(
+                    name, nodes, per_node,
+                    tuple(int(r["bytes"]) for r in rows),
+                    nondecreasing([float(r["time_s"]) for r in rows]),
+                    tuple(float(r.get("fit_rel_error", 0.0)) for r in rows),
+                )
+            )  # fmt: skip
+        return cls(overall, own, tuple(curves))
+
+    def links_for(self, algorithm: str) -> Links:
+        """The algorithm's own fit, else the overall one."""
+        return dict(self.own).get(algorithm, self.overall)
+
+    def source(self, algorithm: str, cluster: Cluster) -> Source:
+        """The curve the plan reads for `algorithm` on `cluster` (its node shape, else the nearest)."""
+        mine = [c for c in self.curves if c.algorithm == algorithm]
+        if not mine:
+            have = sorted({c.algorithm for c in self.curves})
+            return Source(
+                None,
+                f"the calibration has no {algorithm} rows (it has {', '.join(have)}): "
+                f"{algorithm} is priced by the closed form on the overall fit",
+            )
+        curve = min(
+            mine,
+            key=lambda c: (abs(c.nodes - cluster.nodes), abs(c.per_node - cluster.gpus_per_node), -c.nodes),
+        )
+        shape = f"{curve.nodes} x {curve.per_node}"
+        if (curve.nodes, curve.per_node) == (cluster.nodes, cluster.gpus_per_node):
+            how = f"read off the calibration's {algorithm} rows on {shape}"
+        else:
+            how = (
+                f"read off the calibration's {algorithm} rows on {shape}, scaled to "
+                f"{cluster.nodes} x {cluster.gpus_per_node} by the closed form's steps"
+            )
+        return Source(curve, how)
+
+    def seconds(self, algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
+        """One all-reduce of nbytes with `algorithm` on `cluster`, from the rows (see module doc)."""
+        name = check_algorithm(algorithm)
+        own = self.links_for(algorithm)
+        calibrated = (cluster.intra, cluster.inter) == (self.overall.intra, self.overall.inter)
+        planned = own.on(cluster) if calibrated else cluster
+        model = estimate(name, planned, nbytes, itemsize)
+        curve = self.source(algorithm, cluster).curve
+        if curve is None or model == 0:
+            return model
+        rows = own.on(cluster, curve.nodes, curve.per_node)
+        fitted = estimate(name, rows, nbytes, itemsize)
+        measured = curve.time(nbytes, lambda n: estimate(name, rows, n, itemsize))
+        return measured * model / fitted if fitted > 0 else model
+
+    def residual(self, algorithm: str, cluster: Cluster, nbytes: int) -> float | None:
+        """The calibration's |relative residual| at nbytes on the curve the plan reads; None if none."""
+        curve = self.source(algorithm, cluster).curve
+        return None if curve is None else curve.residual(nbytes)
+
+    def describe(self, algorithm: str, cluster: Cluster, nbytes: int) -> str:
+        """One line: where the all-reduce time of nbytes comes from."""
+        src = self.source(algorithm, cluster)
+        if src.curve is None:
+            return src.note
+        c = src.curve
+        i, j, _ = c.bracket(nbytes)
+        where = (
+            f"interpolated between {_size(c.sizes[i])} and {_size(c.sizes[j])}"
+            if i != j
+            else f"outside the measured {_size(c.sizes[0])}-{_size(c.sizes[-1])}: the nearest row "
+            f"scaled by {'its own' if algorithm in dict(self.own) else 'the overall'} fit"
+        )
+        return f"all-reduce of {_size(nbytes)}: {src.note}, {where}"
+
+
+def nondecreasing(values: list[float]) -> tuple[float, ...]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators): a larger
+    all-reduce never takes less time, so a row timed fast by chance is averaged with its neighbours."""
+    blocks: list[tuple[float, int]] = []  # (mean, count)
+    for v in values:
+        blocks.append((v, 1))
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (a, m), (b, n) = blocks[-2], blocks[-1]
+            blocks[-2:] = [((a * m + b * n) / (m + n), m + n)]
+    return tuple(mean for mean, count in blocks for _ in range(count))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.3g} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.3g} kB"
+
+
+def _link(name: str, alpha: float, beta: float) -> Link:
+    return Link(name, float(alpha), 1.0 / beta if beta > 0 else _HUGE)
+
+
+def allreduce_seconds(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
+    """The planner's all-reduce time: from the cluster's measured rows when it has them, else the
+    closed form."""
+    if cluster.measured is not None:
+        table: MeasuredTimes = cluster.measured
+        return table.seconds(algorithm, cluster, nbytes, itemsize)
+    return estimate(check_algorithm(algorithm), cluster, nbytes, itemsize)
