@@ -120,6 +120,8 @@ class Exchange:
         self.sent: dict[tuple[str, int], Shape] = {}
         self.received: dict[tuple[str, int], Shape] = {}
         self.received_now: set[tuple[str, int]] = set()  # received in this run
+        self.sent_before: dict[tuple[str, int], Shape] = {}  # the records at the start of this run
+        self.received_before: dict[tuple[str, int], Shape] = {}
         self.posted = {what: _Posted() for what in DIRECTIONS}
         self.unsent: dict[str, deque[int]] = {what: deque() for what in DIRECTIONS}  # this run, in order
         self.sends: list[tuple[dist.Work, torch.Tensor]] = []
@@ -137,28 +139,41 @@ class Exchange:
         self.posted = {what: _Posted() for what in DIRECTIONS}
         self.unsent = {what: deque(i for w, i in sends if w == what) for what in DIRECTIONS}
         self.received_now = set()
+        self.sent_before, self.received_before = dict(self.sent), dict(self.received)
         if not self.early:
             return
         for what, i in receives:
-            if what == "activation" and (what, i) in self.received:
-                self.expect(what, i, self.received[(what, i)])
+            # an activation: the shape it had last run; a gradient: the shape its activation had then
+            known = self.received_before if what == "activation" else self.sent_before
+            if ("activation", i) in known:
+                self._post(what, i, known[("activation", i)])
             elif what == "activation":
                 header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
                 self.posted[what].headers.append((self._irecv(header, what, HEADER_TAG[what]), header))
-            # a gradient's receive is posted by expect(), right after its activation was sent
+            # else a gradient's receive is posted by expect(), once its activation was sent
 
     def expect(self, what: str, i: int, shape: Shape) -> None:
-        """Post the receive of micro-batch i's packed message, whose shape is known, if posting early."""
+        """Micro-batch i's `what` will have this shape: post its receive unless start() did."""
         self.received[(what, i)] = shape
-        if self.early:
-            buf = torch.empty(_nbytes(shape), dtype=torch.uint8, device=self.device)
-            self.posted[what].early[i] = (self._irecv(buf, what, _data_tag(what, i, False)), buf, shape)
+        if self.early and i not in self.posted[what].early:
+            self._post(what, i, shape)
+
+    def _post(self, what: str, i: int, shape: Shape) -> None:
+        buf = torch.empty(_nbytes(shape), dtype=torch.uint8, device=self.device)
+        self.posted[what].early[i] = (self._irecv(buf, what, _data_tag(what, i, False)), buf, shape)
 
     def _posted_shape(self, what: str, i: int) -> Shape | None:
-        """The shape the receiver of (what, i) posted a packed receive for in this run (None: none)."""
+        """The shape the receiver of (what, i) posted a packed receive for in this run (None: none).
+
+        The mirror of start() and expect() on the receiving stage: an activation's receive is posted
+        with last run's shape; a gradient's with its activation's shape of last run, or of this run
+        (posted after its forward) when the activation is new.
+        """
         if what == "activation":
-            return self.sent.get((what, i))
-        if ("activation", i) in self.received_now:  # a gradient: its activation's shape
+            return self.sent_before.get((what, i))
+        if ("activation", i) in self.received_before:
+            return self.received_before[("activation", i)]
+        if ("activation", i) in self.received_now:
             return self.received[("activation", i)]
         return None
 
