@@ -245,6 +245,7 @@ class Exchange:
         self.sends.clear()
 
     def _isend(self, t: torch.Tensor, what: str, tag: int) -> dist.Work:
+        """Send without waiting; the tensor is kept until finish(): gloo drops a send whose buffer dies."""
         work = dist.isend(t, self.ranks[self.peer(what, sending=True)], tag=tag)
         assert work is not None, "isend to another rank returns a Work"
         self.sends.append((work, t))
@@ -294,4 +295,3 @@ class Exchange:
         for work in works:  # a neighbour gone or stuck itself is left to its own timeout
             with contextlib.suppress(RuntimeError):
                 work.wait(timeout=timedelta(seconds=ABORT_WAIT_S))
-        self.sends.clear()
