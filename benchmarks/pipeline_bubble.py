@@ -2,10 +2,15 @@
 
     .venv/bin/python benchmarks/pipeline_bubble.py --stages 2 4 --out docs
     .venv/bin/python benchmarks/pipeline_bubble.py --target-only --json bubble.json   # the vit target
+    .venv/bin/python benchmarks/pipeline_bubble.py --target-only --pin --json bubble.json  # a core per stage
 
 The target rows run the real `vit` cut into 2 stages with 8 micro-batches of 32 (what
 `ringtree train --model vit --pp 2 --micro-batches 8` runs) under gpipe and 1f1b, and report the
 measured bubble beside (p-1)/(m+p-1) and their difference (the runtime's goal: at most 0.15).
+The bubble of one run is 1 - (sum of every stage's forward and backward time) / (p x the run's
+makespan, first action's start to last action's end), which is (p-1)/(m+p-1) for equal stages
+and free transfers. `--pin` binds stage j's process to core j, as one device per stage would be,
+so that the stages do not take each other's core when a transfer wakes the other process.
 
 For the bubble and the throughput every stage is a small linear layer that sleeps `--forward-ms`
 in its forward and twice that in its backward: a stand-in for a device's compute, so that the
@@ -19,7 +24,9 @@ predicts each step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -165,8 +172,20 @@ def _gantt(
     return [{"stage": j, **vars(s)} for j, spans in enumerate(every) for s in spans]
 
 
-def target_worker(rank: int, m: int, repeats: int) -> dict[str, Any]:
+def _pin(rank: int) -> int:
+    """Bind every thread of this process (main, gloo's transport) to one core of those allowed."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[rank % len(cpus)]
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), {cpu})
+    return cpu
+
+
+def target_worker(rank: int, m: int, repeats: int, pin: bool = False) -> dict[str, Any]:
     """The vit cut into p stages, m micro-batches of 32: bubble rows and a Gantt chart per schedule."""
+    if pin:
+        _pin(rank)
     p = dist.get_world_size()
     torch.manual_seed(0)
     stage = PipelineStage(partition(model_layers(ViT()), p)[rank], rank, list(range(p)))
@@ -197,7 +216,7 @@ def worker(rank: int, forward_s: float, repeats: int) -> dict[str, Any]:
 def target(args: argparse.Namespace) -> dict[str, Any]:
     """The vit rows at p = --target-stages, m = --target-micro-batches; Gantt charts when --gantt-suffix."""
     p, m = args.target_stages, args.target_micro_batches
-    result = spawn(target_worker, p, (m, args.repeats), timeout_s=600)[0]
+    result = spawn(target_worker, p, (m, args.repeats, args.pin), timeout_s=600)[0]
     if args.gantt_suffix is not None:
         for name, spans in result["gantt"].items():
             path = args.out / f"pipeline-gantt-vit-{name}{args.gantt_suffix}.png"
@@ -207,7 +226,7 @@ def target(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"vit {r['schedule']:>5} p={p} m={m}: measured bubble {r['bubble_fraction']:.3f}, "
             f"(p-1)/(m+p-1) = {r['theoretical_bubble_fraction']:.3f}, excess {r['excess']:+.3f}, "
-            f"step {r['step_time_s'] * 1e3:.1f} ms"
+            f"step {r['step_time_s'] * 1e3:.1f} ms{', pinned' if args.pin else ''}"
         )
     return {"target": result["bubble"], "target_gantt": result["gantt"]}
 
@@ -221,6 +240,11 @@ def main() -> None:
     parser.add_argument("--target-only", action="store_true", help="only the vit rows (p=2, m=8)")
     parser.add_argument("--target-stages", type=int, default=2)
     parser.add_argument("--target-micro-batches", type=int, default=8)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="bind stage j's process to core j (mod the cores allowed), as one device per stage would be",
+    )
     parser.add_argument("--gantt-suffix", default=None, help="write docs/pipeline-gantt-vit-NAME<SUFFIX>.png")
     parser.add_argument("--json", type=Path, default=None, help="also write every measured figure here")
     args = parser.parse_args()
@@ -231,7 +255,7 @@ def main() -> None:
         "backend": "gloo",
     }
     if args.target_only:
-        out = {"environment": {**env, "world_size": args.target_stages}, **target(args)}
+        out = {"environment": {**env, "world_size": args.target_stages, "pin": args.pin}, **target(args)}
         if args.json is not None:
             args.json.write_text(json.dumps({k: v for k, v in out.items() if k != "target_gantt"}, indent=1))
             print(f"wrote {args.json}")

@@ -4,18 +4,22 @@ One spawned world of 3 stages runs gpipe and 1f1b several times in a row with a 
 (MSE on a regression target): the same micro-batch sizes twice (the second run receives into
 buffers posted at its start), then different sizes (the sender fills the receive posted for the
 old shape and sends again), then fewer micro-batches. Every run's gradients and losses must equal
-the unpipelined model's on the same data.
+the unpipelined model's on the same data. Last, stage 1 fails in a 1f1b run right after sending a
+gradient whose shape changed (its data still in flight): the abort must reach both other stages.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ringtree.comm.errors import CollectiveError
 from ringtree.launch import spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
@@ -55,7 +59,30 @@ def _stage(rank: int) -> dict[str, Any]:
             run = runner.run(build(name, P, len(sizes)), _batches(sizes, seed=k))
             grads = [p.grad.clone() for p in stage.parameters() if p.grad is not None]
             out[f"{name}-{k}"] = {"grads": grads, "losses": run.losses}
+    out["failure"] = _fail_in_a_later_run(stage, runner, rank)
     return out
+
+
+def _fail_in_a_later_run(stage: nn.Module, runner: PipelineStage, rank: int) -> str:
+    """Stage 1 raises in the forward of micro-batch 2 (after the backward of 0) of a 1f1b run."""
+    calls = 0
+
+    def hook(*_: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if rank == 1 and calls == 3:
+            raise RuntimeError("stage 1 broke")
+
+    stage.register_forward_hook(hook)
+    start = time.monotonic()
+    try:
+        runner.run(build("1f1b", P, 4), _batches([4, 4, 4, 4], seed=0))
+    except (CollectiveError, RuntimeError) as e:
+        message = f"{type(e).__name__} after {time.monotonic() - start:.1f}s: {e}"
+    else:
+        message = "no error"
+    dist.barrier()  # no stage exits (closing its connections) before every abort was read
+    return message
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +102,12 @@ def test_every_run_gives_the_unpipelined_gradients_and_losses(
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert world[-1][f"{name}-{k}"]["losses"] == pytest.approx(losses, rel=1e-5)
     assert all(rank[f"{name}-{k}"]["losses"] == [] for rank in world[:-1])  # only the last stage has a loss
+
+
+def test_a_failure_in_a_later_run_reaches_every_stage(world: list[dict[str, Any]]) -> None:
+    messages = [rank["failure"] for rank in world]
+    assert "stage 1 broke" in messages[1]
+    for j in (0, 2):
+        assert messages[j].startswith("CollectiveError"), messages
+        assert "stage 1 (rank 1) failed" in messages[j]
+        assert float(messages[j].split(" after ")[1].split("s")[0]) < 10  # the abort, not the 30 s timeout

@@ -1,23 +1,32 @@
 """Stage-to-stage transfers of a pipeline run: receives posted early, sends asynchronous, no handshakes.
 
-Indices: i micro-batch, j stage. Every message is a fixed-size header (shape and dtype, or ABORT)
-followed by the data. gloo's point-to-point is a rendezvous: a send leaves only once the receiver
-has posted its receive, so a receive posted when the data is needed costs a round trip between
-the two processes' transport threads per message (twice: header, then data). Here, at the start
-of a run, a stage posts the receive of every header it will get, in the order its schedule
-receives them, and the receive of every payload whose shape it already knows: a gradient has the
-shape of the activation it belongs to (posted right after that forward), and an activation has
-the shape it had for the same micro-batch in the previous run. When the sender sees that the shape
-changed (a short last batch), it fills the receive posted for the old shape and sends the payload
-again on a separate tag that the receiver posts once it has read the header. Both ends keep the
-same record of the shapes transferred, so neither ever waits for the other's permission to send.
+Indices: i micro-batch, j stage. gloo's point-to-point is a rendezvous (a send leaves once the
+receiver has posted its receive), and every message costs a wake-up of both processes' transport
+threads, which on a loaded host is the price of a transfer. So with gloo a transfer is one message
+whenever possible: a fixed-size header (shape and dtype, or ABORT) packed in front of the data in
+one byte buffer, sent on a tag of its own per micro-batch and direction, into a receive posted at
+the start of the run. A receive is posted early when its shape is known: a gradient has the shape
+of the activation it belongs to (posted right after that forward), and an activation has the
+shape it had for the same micro-batch in the previous run. Both ends keep the same record of the
+shapes transferred, so the sender always knows what the receiver posted:
+
+- posted, same shape: one packed message;
+- posted, shape changed (a short last batch): a packed message of the posted size whose header
+  names the new shape, then the data on a second tag that the receiver posts once it has read it;
+- not posted (first run): a header on the direction's header tag (one FIFO, posted in schedule
+  order at the start of the run), then the data on the second tag.
+
+A failing stage sends its neighbours an ABORT header in whichever of these forms the neighbour's
+next receive from it expects (it knows its own remaining sends and their shapes), so neither side
+ever waits for the other's permission to send and a failure still reaches every stage.
 
 NCCL ignores tags and runs a pair's transfers in one stream, so receives posted ahead of sends
-could block them: with NCCL every receive is posted when it is needed, header first.
+could block them: with NCCL every receive is posted when it is needed, header first, then data.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,11 +37,12 @@ import torch.distributed as dist
 from ringtree.comm.errors import CollectiveError
 
 HEADER = 8  # int64 slots: ndim (or ABORT), up to 6 sizes, dtype code
+HEADER_BYTES = 8 * HEADER  # in front of the data in a packed message (keeps the data 64-byte aligned)
 ABORT = -1
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 ABORT_WAIT_S = 2.0  # how long a failing stage waits for its abort messages to leave
-# Tags: one FIFO of headers per direction (so an abort matches whichever header is next), then
-# per micro-batch one tag for the payload posted early and one for a payload posted late.
+# Tags: one FIFO of headers per direction, then per micro-batch one tag for the packed message
+# posted early and one for a payload posted late.
 TAG_BASE = 7000
 HEADER_TAG = {"activation": TAG_BASE, "gradient": TAG_BASE + 1}
 DIRECTIONS = ("activation", "gradient")
@@ -51,24 +61,53 @@ def _data_tag(what: str, i: int, late: bool) -> int:
     return TAG_BASE + 2 + 4 * i + 2 * DIRECTIONS.index(what) + int(late)
 
 
-def _header(shape: Shape, device: torch.device) -> torch.Tensor:
-    header = torch.zeros(HEADER, dtype=torch.int64)
+def _header_values(shape: Shape) -> list[int]:
     dims, dtype = shape
-    header[0], header[-1] = len(dims), DTYPES.index(dtype)
-    header[1 : 1 + len(dims)] = torch.tensor(dims)
-    return header.to(device)
+    if len(dims) > HEADER - 2 or dtype not in DTYPES:
+        raise ValueError(
+            f"the pipeline sends tensors of at most {HEADER - 2} dimensions and dtype one of "
+            f"{', '.join(map(str, DTYPES))}, got shape {list(dims)} and {dtype}"
+        )
+    return [len(dims), *dims, *[0] * (HEADER - 2 - len(dims)), DTYPES.index(dtype)]
+
+
+def _header(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64).to(device)
+
+
+def _abort_values(failed: int) -> list[int]:
+    return [ABORT, failed, *[0] * (HEADER - 2)]
 
 
 def _shape_of(header: list[int]) -> Shape:
     return tuple(header[1 : 1 + header[0]]), DTYPES[header[-1]]
 
 
+def _nbytes(shape: Shape) -> int:
+    dims, dtype = shape
+    return HEADER_BYTES + torch.Size(dims).numel() * dtype.itemsize
+
+
+def _packed(values: list[int], shape: Shape, t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """One byte buffer of the posted `shape`'s size: the header, then t (if given) as data."""
+    buf = torch.empty(_nbytes(shape), dtype=torch.uint8, device=device)
+    buf[:HEADER_BYTES].view(torch.int64).copy_(torch.tensor(values, dtype=torch.int64))
+    if t is not None:
+        _data(buf, shape).copy_(t)
+    return buf
+
+
+def _data(buf: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """The data of a packed buffer, as a tensor of `shape` (a view: no copy)."""
+    return buf[HEADER_BYTES:].view(shape[1]).view(shape[0])
+
+
 @dataclass
 class _Posted:
-    """Receives posted for one direction of one run: headers in schedule order, payloads by i."""
+    """Receives posted for one direction of one run: headers in schedule order, packed messages by i."""
 
     headers: deque[tuple[dist.Work, torch.Tensor]] = field(default_factory=deque)
-    early: dict[int, tuple[dist.Work, torch.Tensor]] = field(default_factory=dict)
+    early: dict[int, tuple[dist.Work, torch.Tensor, Shape]] = field(default_factory=dict)
 
 
 class Exchange:
@@ -80,7 +119,11 @@ class Exchange:
         # (direction, i) -> the shape last transferred; sender and receiver keep identical copies
         self.sent: dict[tuple[str, int], Shape] = {}
         self.received: dict[tuple[str, int], Shape] = {}
+        self.received_now: set[tuple[str, int]] = set()  # received in this run
+        self.sent_before: dict[tuple[str, int], Shape] = {}  # the records at the start of this run
+        self.received_before: dict[tuple[str, int], Shape] = {}
         self.posted = {what: _Posted() for what in DIRECTIONS}
+        self.unsent: dict[str, deque[int]] = {what: deque() for what in DIRECTIONS}  # this run, in order
         self.sends: list[tuple[dist.Work, torch.Tensor]] = []
         self.context = ""  # the schedule's name, for error messages
 
@@ -89,71 +132,111 @@ class Exchange:
         up = (what == "activation") == sending
         return self.stage + (1 if up else -1)
 
-    def start(self, receives: list[tuple[str, int]], context: str) -> None:
-        """Post the headers of the run's receives (in order) and the payloads of known shape."""
+    def start(self, receives: list[tuple[str, int]], sends: list[tuple[str, int]], context: str) -> None:
+        """Post the run's receives of known shape (packed) and the headers of the others (in order)."""
         self.context = context
         self.early = dist.get_backend() != "nccl"
         self.posted = {what: _Posted() for what in DIRECTIONS}
+        self.unsent = {what: deque(i for w, i in sends if w == what) for what in DIRECTIONS}
+        self.received_now = set()
+        self.sent_before, self.received_before = dict(self.sent), dict(self.received)
         if not self.early:
             return
         for what, i in receives:
-            header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
-            self.posted[what].headers.append((self._irecv(header, what, HEADER_TAG[what]), header))
-            if what == "activation" and (what, i) in self.received:
-                self.expect(what, i, self.received[(what, i)])
+            # an activation: the shape it had last run; a gradient: the shape its activation had then
+            known = self.received_before if what == "activation" else self.sent_before
+            if ("activation", i) in known:
+                self._post(what, i, known[("activation", i)])
+            elif what == "activation":
+                header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
+                self.posted[what].headers.append((self._irecv(header, what, HEADER_TAG[what]), header))
+            # else a gradient's receive is posted by expect(), once its activation was sent
 
     def expect(self, what: str, i: int, shape: Shape) -> None:
-        """Post the receive of micro-batch i's payload, whose shape is known, if posting early."""
+        """Micro-batch i's `what` will have this shape: post its receive unless start() did."""
         self.received[(what, i)] = shape
-        if self.early:
-            buf = torch.empty(shape[0], dtype=shape[1], device=self.device)
-            self.posted[what].early[i] = (self._irecv(buf, what, _data_tag(what, i, False)), buf)
+        if self.early and i not in self.posted[what].early:
+            self._post(what, i, shape)
+
+    def _post(self, what: str, i: int, shape: Shape) -> None:
+        buf = torch.empty(_nbytes(shape), dtype=torch.uint8, device=self.device)
+        self.posted[what].early[i] = (self._irecv(buf, what, _data_tag(what, i, False)), buf, shape)
+
+    def _posted_shape(self, what: str, i: int) -> Shape | None:
+        """The shape the receiver of (what, i) posted a packed receive for in this run (None: none).
+
+        The mirror of start() and expect() on the receiving stage: an activation's receive is posted
+        with last run's shape; a gradient's with its activation's shape of last run, or of this run
+        (posted after its forward) when the activation is new.
+        """
+        if what == "activation":
+            return self.sent_before.get((what, i))
+        if ("activation", i) in self.received_before:
+            return self.received_before[("activation", i)]
+        if ("activation", i) in self.received_now:
+            return self.received[("activation", i)]
+        return None
 
     def send(self, what: str, i: int, t: torch.Tensor) -> None:
         """Send micro-batch i's activation or gradient without waiting for it to leave."""
         t = t.detach().contiguous()
         shape: Shape = (tuple(t.shape), t.dtype)
-        dst = self.ranks[self.peer(what, sending=True)]
-        expected = self.sent.get((what, i)) if what == "activation" else shape
-        parts: list[tuple[torch.Tensor, int]] = [(_header(shape, self.device), HEADER_TAG[what])]
+        values = _header_values(shape)
+        if self.unsent[what] and self.unsent[what][0] == i:
+            self.unsent[what].popleft()
+        posted = self._posted_shape(what, i) if self.early else None
+        parts: list[tuple[torch.Tensor, int]]
         if not self.early:
-            parts.append((t, 0))
-        elif expected == shape:
-            parts.append((t, _data_tag(what, i, False)))
-        else:
-            if expected is not None:  # fill the receive posted for the old shape, then resend
-                filler = torch.zeros(expected[0], dtype=expected[1], device=self.device)
-                parts.append((filler, _data_tag(what, i, False)))
+            parts = [(_header(values, self.device), 0), (t, 0)]
+        elif posted == shape:
+            parts = [(_packed(values, shape, t, self.device), _data_tag(what, i, False))]
+        elif posted is not None:  # the header in the receive posted for the old shape, then the data
+            parts = [(_packed(values, posted, None, self.device), _data_tag(what, i, False))]
             parts.append((t, _data_tag(what, i, True)))
+        else:
+            parts = [(_header(values, self.device), HEADER_TAG[what]), (t, _data_tag(what, i, True))]
         for part, tag in parts:
-            work = dist.isend(part, dst, tag=tag if self.early else 0)
-            assert work is not None, "isend to another rank returns a Work"
-            self.sends.append((work, part))
+            self._isend(part, what, tag)
         self.sent[(what, i)] = shape
 
     def recv(self, what: str, i: int) -> torch.Tensor:
         """Micro-batch i's activation (from j-1) or gradient (from j+1); raises Aborted on an abort."""
         posted = self.posted[what]
-        if posted.headers:
-            work, header = posted.headers.popleft()
-        else:
-            header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
-            work = self._irecv(header, what, HEADER_TAG[what] if self.early else 0)
-        self.wait(work, f"the header of the {what}", i)
-        values = [int(v) for v in header.tolist()]
-        if values[0] == ABORT:
-            self._aborted(values[1], self.peer(what, sending=False))
-        shape = _shape_of(values)
         early = posted.early.pop(i, None)
         if early is not None:
-            self.wait(early[0], f"the {what}", i)
-            if (tuple(early[1].shape), early[1].dtype) == shape:
-                self.received[(what, i)] = shape
-                return early[1]
-        buf = torch.empty(shape[0], dtype=shape[1], device=self.device)
-        self.wait(self._irecv(buf, what, _data_tag(what, i, True) if self.early else 0), f"the {what}", i)
+            work, buf, shape = early
+            self.wait(work, f"the {what}", i)
+            values = [int(v) for v in buf[:HEADER_BYTES].view(torch.int64).tolist()]
+            self._check_abort(values, what)
+            if _shape_of(values) == shape:
+                return self._received(what, i, shape, _data(buf, shape))
+        else:
+            if posted.headers:
+                work, header = posted.headers.popleft()
+            else:
+                header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
+                work = self._irecv(header, what, HEADER_TAG[what] if self.early else 0)
+            self.wait(work, f"the header of the {what}", i)
+            values = [int(v) for v in header.tolist()]
+            self._check_abort(values, what)
+        shape = _shape_of(values)
+        out = torch.empty(shape[0], dtype=shape[1], device=self.device)
+        self.wait(self._irecv(out, what, _data_tag(what, i, True) if self.early else 0), f"the {what}", i)
+        return self._received(what, i, shape, out)
+
+    def _received(self, what: str, i: int, shape: Shape, t: torch.Tensor) -> torch.Tensor:
         self.received[(what, i)] = shape
-        return buf
+        self.received_now.add((what, i))
+        return t
+
+    def _check_abort(self, values: list[int], what: str) -> None:
+        if values[0] == ABORT:
+            raise Aborted(
+                f"pipeline stage {self.stage} (rank {self.ranks[self.stage]}) stops: stage "
+                f"{values[1]} (rank {self.ranks[values[1]]}) failed; see that rank's error",
+                values[1],
+                self.peer(what, sending=False),
+            )
 
     def finish(self) -> None:
         """Wait until every send of the run has left."""
@@ -161,18 +244,17 @@ class Exchange:
             self.wait(work, "a send", -1)
         self.sends.clear()
 
+    def _isend(self, t: torch.Tensor, what: str, tag: int) -> dist.Work:
+        """Send without waiting; the tensor is kept until finish(): gloo drops a send whose buffer dies."""
+        work = dist.isend(t, self.ranks[self.peer(what, sending=True)], tag=tag)
+        assert work is not None, "isend to another rank returns a Work"
+        self.sends.append((work, t))
+        return work
+
     def _irecv(self, buf: torch.Tensor, what: str, tag: int) -> dist.Work:
         work = dist.irecv(buf, self.ranks[self.peer(what, sending=False)], tag=tag)
         assert work is not None, "irecv from another rank returns a Work"
         return work
-
-    def _aborted(self, failed: int, came_from: int) -> None:
-        raise Aborted(
-            f"pipeline stage {self.stage} (rank {self.ranks[self.stage]}) stops: stage "
-            f"{failed} (rank {self.ranks[failed]}) failed; see that rank's error",
-            failed,
-            came_from,
-        )
 
     def wait(self, work: dist.Work, what: str, i: int) -> None:
         try:
@@ -185,18 +267,31 @@ class Exchange:
             ) from None
 
     def abort(self, failed: int, came_from: int | None) -> None:
-        """Tell the neighbouring stages (but the one the abort came from) that stage `failed` failed."""
+        """Tell the neighbouring stages (but the one the abort came from) that stage `failed` failed.
+
+        Each gets the abort where its next receive from this stage waits: in the packed message it
+        posted, or on the header FIFO. A neighbour that expects nothing more, or whose posted shape
+        this stage cannot know (a gradient whose activation never arrived), is left to its timeout.
+        """
+        values = _abort_values(failed)
         works = []
         for what in DIRECTIONS:
             peer = self.peer(what, sending=True)
-            if 0 <= peer < len(self.ranks) and peer != came_from:
-                header = torch.zeros(HEADER, dtype=torch.int64)
-                header[0], header[1] = ABORT, failed
-                tag = HEADER_TAG[what] if self.early else 0
-                works.append(dist.isend(header.to(self.device), self.ranks[peer], tag=tag))
-        for work in works:
-            try:
-                if work is not None:
-                    work.wait(timeout=timedelta(seconds=ABORT_WAIT_S))
-            except RuntimeError:
-                pass  # the neighbour is gone or stuck itself; its own timeout covers it
+            if not 0 <= peer < len(self.ranks) or peer == came_from:
+                continue
+            if not self.early:
+                works.append(self._isend(_header(values, self.device), what, 0))
+            elif self.unsent[what]:
+                i = self.unsent[what][0]
+                posted = self._posted_shape(what, i)
+                if posted is not None:
+                    works.append(
+                        self._isend(
+                            _packed(values, posted, None, self.device), what, _data_tag(what, i, False)
+                        )
+                    )
+                elif what == "activation":
+                    works.append(self._isend(_header(values, self.device), what, HEADER_TAG[what]))
+        for work in works:  # a neighbour gone or stuck itself is left to its own timeout
+            with contextlib.suppress(RuntimeError):
+                work.wait(timeout=timedelta(seconds=ABORT_WAIT_S))

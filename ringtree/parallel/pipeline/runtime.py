@@ -120,7 +120,12 @@ class _Execution:
     def run(self) -> StageRun:
         j = self.st.stage
         receives = [self.s.recv_of(j, a) for a in self.s.actions[j]]
-        self.ex.start([(r.what, r.micro_batch) for r in receives if r is not None], self.s.name)
+        sends = [self.s.send_of(j, a) for a in self.s.actions[j]]
+        self.ex.start(
+            [(r.what, r.micro_batch) for r in receives if r is not None],
+            [(t.what, t.micro_batch) for t in sends if t is not None],
+            self.s.name,
+        )
         for a in self.s.actions[j]:
             {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}[a.kind](a)
         self.ex.finish()
