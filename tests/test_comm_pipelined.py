@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 
-import torch
-import torch.distributed as dist
+from collective_checks import against_torch
 
-from ringtree import comm, schedules
+from ringtree import schedules
 from ringtree.comm import executor
 from ringtree.comm.plan import DIRECT, REDUCE, compile_plan
 from ringtree.comm.shm import TRANSPORT_ENV
@@ -37,32 +36,7 @@ def test_ring_plan_pieces_order_and_early_posting() -> None:
 def every_collective_in_small_pieces(rank: int) -> list[str]:
     os.environ[TRANSPORT_ENV] = "p2p"  # the point-to-point path, not shared memory
     executor.PIECE_BYTES = 16  # 4 float32 per message: many pieces, deep pipelines
-    p, failures = dist.get_world_size(), []
-    for dtype in (torch.float32, torch.int32):
-        x = (torch.arange(203) * (rank + 1) % 17 - 8).to(dtype)
-        for algorithm in comm.algorithms("all_reduce")[1:]:
-            got, want = x.clone(), x.clone()
-            comm.all_reduce(got, algorithm=algorithm)
-            dist.all_reduce(want)
-            if not torch.equal(got, want):
-                failures.append(f"all_reduce {algorithm} {dtype}")
-            every = [torch.empty_like(got) for _ in range(p)]
-            dist.all_gather(every, got)
-            if not all(torch.equal(e, got) for e in every):
-                failures.append(f"all_reduce {algorithm} {dtype}: ranks differ")
-        full = x[:201].clone()
-        for algorithm in comm.algorithms("reduce_scatter")[1:]:
-            out, ref = torch.empty(67, dtype=dtype), torch.empty(67, dtype=dtype)
-            comm.reduce_scatter(out, full, algorithm=algorithm)
-            dist.reduce_scatter_tensor(ref, full)
-            if not torch.equal(out, ref):
-                failures.append(f"reduce_scatter {algorithm} {dtype}")
-        for algorithm in comm.algorithms("broadcast")[1:]:
-            got = x.clone()
-            comm.broadcast(got, src=1, algorithm=algorithm)
-            if not torch.equal(got, (torch.arange(203) * 2 % 17 - 8).to(dtype)):
-                failures.append(f"broadcast {algorithm} {dtype}")
-    return failures
+    return against_torch(rank, 203)
 
 
 def test_many_pieces_match_torch_and_agree_across_ranks() -> None:

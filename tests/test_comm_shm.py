@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from collective_checks import against_torch
 
 from ringtree import comm, schedules
 from ringtree.comm import shm
@@ -59,40 +60,7 @@ def _ours() -> list[str]:
 
 def every_collective_over_shm(rank: int) -> dict[str, object]:
     os.environ[shm.TRANSPORT_ENV] = "shm"
-    p, failures = dist.get_world_size(), []
-    for dtype in (torch.float32, torch.int32):
-        x = (torch.arange(2003) * (rank + 1) % 17 - 8).to(dtype)
-        for algorithm in comm.algorithms("all_reduce")[1:]:
-            for op, torch_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
-                got, want = x.clone(), x.clone()
-                comm.all_reduce(got, op, algorithm=algorithm)
-                dist.all_reduce(want, op=torch_op)
-                if not torch.equal(got, want):
-                    failures.append(f"all_reduce {op} {algorithm} {dtype}")
-        full = x[:2001].clone()
-        for algorithm in comm.algorithms("reduce_scatter")[1:]:
-            out, ref = torch.empty(667, dtype=dtype), torch.empty(667, dtype=dtype)
-            comm.reduce_scatter(out, full, algorithm=algorithm)
-            dist.reduce_scatter_tensor(ref, full)
-            if not torch.equal(out, ref):
-                failures.append(f"reduce_scatter {algorithm} {dtype}")
-        for algorithm in comm.algorithms("all_gather")[1:]:
-            out, ref = torch.empty(3 * 2003, dtype=dtype), torch.empty(3 * 2003, dtype=dtype)
-            comm.all_gather(out, x, algorithm=algorithm)
-            dist.all_gather_into_tensor(ref, x)
-            if not torch.equal(out, ref):
-                failures.append(f"all_gather {algorithm} {dtype}")
-        for algorithm in comm.algorithms("broadcast")[1:]:
-            got = x.clone()
-            comm.broadcast(got, src=1, algorithm=algorithm)
-            if not torch.equal(got, (torch.arange(2003) * 2 % 17 - 8).to(dtype)):
-                failures.append(f"broadcast {algorithm} {dtype}")
-        for algorithm in comm.algorithms("reduce")[1:]:
-            got, want = x.clone(), x.clone()
-            comm.reduce(got, dst=2, algorithm=algorithm)
-            dist.reduce(want, dst=2)
-            if rank == 2 and not torch.equal(got, want):
-                failures.append(f"reduce {algorithm} {dtype}")
+    p, failures = dist.get_world_size(), against_torch(rank, 2003)
     # a hand-made step that reduces into the range it sends: staged reads
     b = Builder(p)
     for r in range(p):
@@ -101,6 +69,7 @@ def every_collective_over_shm(rank: int) -> dict[str, object]:
     shm.execute(y, b.build("x", "all_reduce", 64), rank, COMBINE["sum"], pg=_world(), timeout=_t(), what="x")
     if not torch.equal(y, torch.full((64,), float(rank + 1 + (rank - 1) % p + 1))):
         failures.append(f"staged step gave {y[0].item()}")
+    x = torch.ones(2003)
     used = shm.usable(x, _world(), _t())
     os.environ[shm.TRANSPORT_ENV] = "p2p"
     off = shm.usable(x, _world(), _t())
@@ -128,6 +97,7 @@ def different_hosts(rank: int) -> tuple[bool, bool]:
     assert real is not None
     shm._host = lambda: (f"node{rank}", *real[1:])  # type: ignore[assignment]
     x = torch.ones(1 << 18)
+    x = torch.ones(2003)
     used = shm.usable(x, _world(), _t())
     comm.all_reduce(x, algorithm="ring")
     return used, bool((x == 2).all())
