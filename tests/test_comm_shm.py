@@ -93,9 +93,9 @@ def test_every_collective_over_shared_memory_matches_torch() -> None:
 
 def different_hosts(rank: int) -> tuple[bool, bool]:
     os.environ[shm.TRANSPORT_ENV] = "shm"
-    real = shm._host()
+    real = shm.host_key()
     assert real is not None
-    shm._host = lambda: (f"node{rank}", *real[1:])  # type: ignore[assignment]
+    shm.host_key = lambda: [f"node{rank}", *real[1:]]  # type: ignore[assignment]
     x = torch.ones(1 << 18)
     x = torch.ones(2003)
     used = shm.usable(x, _world(), _t())

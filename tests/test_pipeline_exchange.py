@@ -1,4 +1,5 @@
-"""The pipeline's transfers (receives posted early, shapes remembered between runs) keep the gradients exact.
+"""The pipeline's transfers (receives posted early, shapes remembered between runs; or the
+shared-memory mailbox between stages of one host) keep the gradients exact.
 
 One spawned world of 3 stages runs gpipe and 1f1b several times in a row with a user's loss
 (MSE on a regression target): the same micro-batch sizes twice (the second run receives into
@@ -10,6 +11,7 @@ gradient whose shape changed (its data still in flight): the abort must reach bo
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ringtree.comm.errors import CollectiveError
+from ringtree.comm.shm import TRANSPORT_ENV
 from ringtree.launch import spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
@@ -49,7 +52,8 @@ def _reference(sizes: list[int], seed: int) -> tuple[list[torch.Tensor], list[fl
     return [p.grad.clone() for p in net.parameters() if p.grad is not None], losses
 
 
-def _stage(rank: int) -> dict[str, Any]:
+def _stage(rank: int, transport: str) -> dict[str, Any]:
+    os.environ[TRANSPORT_ENV] = transport
     stage = partition(_net(), P, by="params")[rank]
     runner = PipelineStage(stage, rank, list(range(P)), timeout_s=30, loss_fn=F.mse_loss)
     out: dict[str, Any] = {}
@@ -59,6 +63,7 @@ def _stage(rank: int) -> dict[str, Any]:
             run = runner.run(build(name, P, len(sizes)), _batches(sizes, seed=k))
             grads = [p.grad.clone() for p in stage.parameters() if p.grad is not None]
             out[f"{name}-{k}"] = {"grads": grads, "losses": run.losses}
+    out["mailbox"] = runner.exchange.mailbox is not None
     out["failure"] = _fail_in_a_later_run(stage, runner, rank)
     return out
 
@@ -85,9 +90,12 @@ def _fail_in_a_later_run(stage: nn.Module, runner: PipelineStage, rank: int) -> 
     return message
 
 
-@pytest.fixture(scope="module")
-def world() -> list[dict[str, Any]]:
-    return spawn(_stage, P, timeout_s=120, collective_timeout_s=60)
+@pytest.fixture(scope="module", params=["shm", "p2p"])
+def world(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """Stages of one host talk through the shared-memory mailbox; with p2p, through gloo."""
+    results = spawn(_stage, P, (request.param,), timeout_s=120, collective_timeout_s=60)
+    assert all(rank["mailbox"] == (request.param == "shm") for rank in results)
+    return results
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

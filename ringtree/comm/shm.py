@@ -268,7 +268,7 @@ class _Doorbells:
             if select.select([self.inbox], [], [], min(left, LIVENESS_S))[0]:
                 for (q,) in struct.iter_unpack("<I", os.read(self.inbox, 1 << 16)):
                     self.rung[q] += 1
-            elif dead := [q for q in late if not _alive(self.pids[q])]:
+            elif dead := [q for q in late if not alive(self.pids[q])]:
                 gone = ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in dead)
                 raise RuntimeError(f"{gone} exited while this rank waited for it")
 
@@ -276,7 +276,7 @@ class _Doorbells:
 LIVENESS_S = 0.2  # how often a waiting rank checks that the peers it waits for still run
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -339,12 +339,12 @@ def _group(pg: dist.ProcessGroup, timeout: timedelta) -> _Group:
     with _groups_lock:
         have = _groups.get(id(pg))
         if have is None or have.pg is not pg:
-            hosts = [str(h) for h in _exchange(pg, "setting up shared memory", _host(), timeout)]
+            hosts = [str(h) for h in _exchange(pg, "setting up shared memory", host_key(), timeout)]
             have = _groups[id(pg)] = _Group(pg, len(set(hosts)) == 1 and hosts[0] != "None")
         return have
 
 
-def _host() -> list[object] | None:
+def host_key() -> list[object] | None:
     """What makes two processes able to share /dev/shm and count as one node: the hostname,
     the network namespace (each emulated node has its own) and the /dev/shm filesystem."""
     try:

@@ -34,11 +34,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ringtree.comm import shm
 from ringtree.comm.errors import CollectiveError
+from ringtree.comm.mailbox import Mailbox, mailbox
 
 HEADER = 8  # int64 slots: ndim (or ABORT), up to 6 sizes, dtype code
 HEADER_BYTES = 8 * HEADER  # in front of the data in a packed message (keeps the data 64-byte aligned)
 ABORT = -1
+ABORT_KEY = -1  # the mailbox key of an abort message (data keys are micro-batch indices)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 ABORT_WAIT_S = 2.0  # how long a failing stage waits for its abort messages to leave
 # Tags: one FIFO of headers per direction, then per micro-batch one tag for the packed message
@@ -126,6 +129,8 @@ class Exchange:
         self.unsent: dict[str, deque[int]] = {what: deque() for what in DIRECTIONS}  # this run, in order
         self.sends: list[tuple[dist.Work, torch.Tensor]] = []
         self.context = ""  # the schedule's name, for error messages
+        self.mailbox: Mailbox | None = None  # set by the first start() when both neighbours share this host
+        self.checked_host = False
 
     def peer(self, what: str, sending: bool) -> int:
         """Stage j's partner for a transfer of `what` (activations flow to j+1, gradients to j-1)."""
@@ -136,11 +141,13 @@ class Exchange:
         """Post the run's receives of known shape (packed) and the headers of the others (in order)."""
         self.context = context
         self.early = dist.get_backend() != "nccl"
+        if not self.checked_host:
+            self.mailbox, self.checked_host = self._shared_memory(), True
         self.posted = {what: _Posted() for what in DIRECTIONS}
         self.unsent = {what: deque(i for w, i in sends if w == what) for what in DIRECTIONS}
         self.received_now = set()
         self.sent_before, self.received_before = dict(self.sent), dict(self.received)
-        if not self.early:
+        if not self.early or self.mailbox is not None:
             return
         for what, i in receives:
             # an activation: the shape it had last run; a gradient: the shape its activation had then
@@ -152,9 +159,24 @@ class Exchange:
                 self.posted[what].headers.append((self._irecv(header, what, HEADER_TAG[what]), header))
             # else a gradient's receive is posted by expect(), once its activation was sent
 
+    def _neighbours(self) -> list[int]:
+        return [self.ranks[j] for j in (self.stage - 1, self.stage + 1) if 0 <= j < len(self.ranks)]
+
+    def _shared_memory(self) -> Mailbox | None:
+        """The mailbox, when this stage and both neighbours are CPU processes of this host."""
+        if self.device.type != "cpu" or dist.get_backend() != "gloo" or shm.transport() == "p2p":
+            return None
+        box = mailbox(self.timeout_s)
+        if not all(box.same_host(r) for r in self._neighbours()):
+            return None
+        box.expect_from(self._neighbours())
+        return box
+
     def expect(self, what: str, i: int, shape: Shape) -> None:
         """Micro-batch i's `what` will have this shape: post its receive unless start() did."""
         self.received[(what, i)] = shape
+        if self.mailbox is not None:
+            return
         if self.early and i not in self.posted[what].early:
             self._post(what, i, shape)
 
@@ -184,6 +206,11 @@ class Exchange:
         values = _header_values(shape)
         if self.unsent[what] and self.unsent[what][0] == i:
             self.unsent[what].popleft()
+        if self.mailbox is not None:
+            peer = self.ranks[self.peer(what, sending=True)]
+            self.mailbox.send(peer, i, _packed(values, shape, t, self.device))
+            self.sent[(what, i)] = shape
+            return
         posted = self._posted_shape(what, i) if self.early else None
         parts: list[tuple[torch.Tensor, int]]
         if not self.early:
@@ -201,6 +228,13 @@ class Exchange:
 
     def recv(self, what: str, i: int) -> torch.Tensor:
         """Micro-batch i's activation (from j-1) or gradient (from j+1); raises Aborted on an abort."""
+        if self.mailbox is not None:
+            peer = self.ranks[self.peer(what, sending=False)]
+            _, buf = self.mailbox.recv(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
+            values = [int(v) for v in buf[:HEADER_BYTES].view(torch.int64).tolist()]
+            self._check_abort(values, what)
+            shape = _shape_of(values)
+            return self._received(what, i, shape, _data(buf, shape))
         posted = self.posted[what]
         early = posted.early.pop(i, None)
         if early is not None:
@@ -274,6 +308,17 @@ class Exchange:
         this stage cannot know (a gradient whose activation never arrived), is left to its timeout.
         """
         values = _abort_values(failed)
+        if self.mailbox is not None:
+            for what in DIRECTIONS:
+                peer = self.peer(what, sending=True)
+                if 0 <= peer < len(self.ranks) and peer != came_from:
+                    with contextlib.suppress(OSError):  # a neighbour gone is left to its own checks
+                        self.mailbox.send(
+                            self.ranks[peer],
+                            ABORT_KEY,
+                            _packed(values, ((0,), torch.uint8), None, self.device),
+                        )
+            return
         works = []
         for what in DIRECTIONS:
             peer = self.peer(what, sending=True)
