@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ringtree.comm import mailbox
 from ringtree.comm.errors import CollectiveError
 from ringtree.comm.shm import TRANSPORT_ENV
 from ringtree.launch import spawn
@@ -53,7 +54,10 @@ def _reference(sizes: list[int], seed: int) -> tuple[list[torch.Tensor], list[fl
 
 
 def _stage(rank: int, transport: str) -> dict[str, Any]:
-    os.environ[TRANSPORT_ENV] = transport
+    os.environ[TRANSPORT_ENV] = "p2p" if transport == "p2p" else "shm"
+    if transport == "mixed":  # stage 2 on another host: 0-1 through the mailbox, 1-2 through gloo
+        real = mailbox.host_key()
+        mailbox.host_key = lambda: [*(real or []), "B" if rank == 2 else "A"]  # type: ignore[assignment]
     stage = partition(_net(), P, by="params")[rank]
     runner = PipelineStage(stage, rank, list(range(P)), timeout_s=30, loss_fn=F.mse_loss)
     out: dict[str, Any] = {}
@@ -63,7 +67,7 @@ def _stage(rank: int, transport: str) -> dict[str, Any]:
             run = runner.run(build(name, P, len(sizes)), _batches(sizes, seed=k))
             grads = [p.grad.clone() for p in stage.parameters() if p.grad is not None]
             out[f"{name}-{k}"] = {"grads": grads, "losses": run.losses}
-    out["mailbox"] = runner.exchange.mailbox is not None
+    out["mailbox"] = sorted(runner.exchange.boxed)
     out["failure"] = _fail_in_a_later_run(stage, runner, rank)
     return out
 
@@ -90,11 +94,14 @@ def _fail_in_a_later_run(stage: nn.Module, runner: PipelineStage, rank: int) -> 
     return message
 
 
-@pytest.fixture(scope="module", params=["shm", "p2p"])
+BOXED = {"shm": [[1], [0, 2], [1]], "p2p": [[], [], []], "mixed": [[1], [0], []]}
+
+
+@pytest.fixture(scope="module", params=list(BOXED))
 def world(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    """Stages of one host talk through the shared-memory mailbox; with p2p, through gloo."""
+    """Stages of one host talk through the shared-memory mailbox, others (or all, with p2p) through gloo."""
     results = spawn(_stage, P, (request.param,), timeout_s=120, collective_timeout_s=60)
-    assert all(rank["mailbox"] == (request.param == "shm") for rank in results)
+    assert [rank["mailbox"] for rank in results] == BOXED[request.param]
     return results
 
 

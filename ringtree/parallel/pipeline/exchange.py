@@ -129,7 +129,8 @@ class Exchange:
         self.unsent: dict[str, deque[int]] = {what: deque() for what in DIRECTIONS}  # this run, in order
         self.sends: list[tuple[dist.Work, torch.Tensor]] = []
         self.context = ""  # the schedule's name, for error messages
-        self.mailbox: Mailbox | None = None  # set by the first start() when both neighbours share this host
+        self.mailbox: Mailbox | None = None  # set by the first start() when a neighbour shares this host
+        self.boxed: set[int] = set()  # the neighbours (global ranks) reached through the mailbox
         self.checked_host = False
 
     def peer(self, what: str, sending: bool) -> int:
@@ -142,14 +143,17 @@ class Exchange:
         self.context = context
         self.early = dist.get_backend() != "nccl"
         if not self.checked_host:
-            self.mailbox, self.checked_host = self._shared_memory(), True
+            self._shared_memory()
+            self.checked_host = True
         self.posted = {what: _Posted() for what in DIRECTIONS}
         self.unsent = {what: deque(i for w, i in sends if w == what) for what in DIRECTIONS}
         self.received_now = set()
         self.sent_before, self.received_before = dict(self.sent), dict(self.received)
-        if not self.early or self.mailbox is not None:
+        if not self.early:
             return
         for what, i in receives:
+            if self._boxed(what, sending=False):
+                continue
             # an activation: the shape it had last run; a gradient: the shape its activation had then
             known = self.received_before if what == "activation" else self.sent_before
             if ("activation", i) in known:
@@ -162,17 +166,22 @@ class Exchange:
     def _neighbours(self) -> list[int]:
         return [self.ranks[j] for j in (self.stage - 1, self.stage + 1) if 0 <= j < len(self.ranks)]
 
-    def _shared_memory(self) -> Mailbox | None:
-        """The mailbox, when this stage and both neighbours are CPU processes of this host."""
+    def _shared_memory(self) -> None:
+        """Use the mailbox with each neighbour that is a CPU process of this host (a decision both
+        ends of a pair make alike: it depends only on the pair's hosts and the settings)."""
         if self.device.type != "cpu" or dist.get_backend() != "gloo" or shm.transport() == "p2p":
-            return None
+            return
         box = mailbox(self.timeout_s)
-        return box if all(box.same_host(r) for r in self._neighbours()) else None
+        self.boxed = {r for r in self._neighbours() if box.same_host(r)}
+        self.mailbox = box if self.boxed else None
+
+    def _boxed(self, what: str, sending: bool) -> bool:
+        return self.ranks[self.peer(what, sending)] in self.boxed
 
     def expect(self, what: str, i: int, shape: Shape) -> None:
         """Micro-batch i's `what` will have this shape: post its receive unless start() did."""
         self.received[(what, i)] = shape
-        if self.mailbox is not None:
+        if self._boxed(what, sending=False):
             return
         if self.early and i not in self.posted[what].early:
             self._post(what, i, shape)
@@ -203,7 +212,7 @@ class Exchange:
         values = _header_values(shape)
         if self.unsent[what] and self.unsent[what][0] == i:
             self.unsent[what].popleft()
-        if self.mailbox is not None:
+        if self.mailbox is not None and self._boxed(what, sending=True):
             peer = self.ranks[self.peer(what, sending=True)]
             self.mailbox.send(peer, i, _packed(values, shape, t, self.device))
             self.sent[(what, i)] = shape
@@ -225,7 +234,7 @@ class Exchange:
 
     def recv(self, what: str, i: int) -> torch.Tensor:
         """Micro-batch i's activation (from j-1) or gradient (from j+1); raises Aborted on an abort."""
-        if self.mailbox is not None:
+        if self.mailbox is not None and self._boxed(what, sending=False):
             peer = self.ranks[self.peer(what, sending=False)]
             _, buf = self.mailbox.recv(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
             values = [int(v) for v in buf[:HEADER_BYTES].view(torch.int64).tolist()]
@@ -305,23 +314,16 @@ class Exchange:
         this stage cannot know (a gradient whose activation never arrived), is left to its timeout.
         """
         values = _abort_values(failed)
-        if self.mailbox is not None:
-            for what in DIRECTIONS:
-                peer = self.peer(what, sending=True)
-                if 0 <= peer < len(self.ranks) and peer != came_from:
-                    with contextlib.suppress(OSError):  # a neighbour gone is left to its own checks
-                        self.mailbox.send(
-                            self.ranks[peer],
-                            ABORT_KEY,
-                            _packed(values, ((0,), torch.uint8), None, self.device),
-                        )
-            return
         works = []
         for what in DIRECTIONS:
             peer = self.peer(what, sending=True)
             if not 0 <= peer < len(self.ranks) or peer == came_from:
                 continue
-            if not self.early:
+            if self.mailbox is not None and self.ranks[peer] in self.boxed:
+                message = _packed(values, ((0,), torch.uint8), None, self.device)
+                with contextlib.suppress(OSError):  # a neighbour gone is left to its own checks
+                    self.mailbox.send(self.ranks[peer], ABORT_KEY, message)
+            elif not self.early:
                 works.append(self._isend(_header(values, self.device), what, 0))
             elif self.unsent[what]:
                 i = self.unsent[what][0]
