@@ -65,3 +65,22 @@ def test_a_sender_that_dies_is_named_at_once() -> None:
     seconds, _, text = message.partition(" ")
     assert "rank 0 exited while rank 1 waited for a message that never comes" in text
     assert float(seconds) < 10
+
+
+def silent(rank: int) -> str:
+    box = mailbox(timeout_s=1.5)
+    box.send(1 - rank, 0, torch.zeros(4, dtype=torch.uint8))
+    box.recv(1 - rank, (0,), "the first")
+    if rank == 0:
+        time.sleep(4)  # alive, but never sends key 7
+        return ""
+    try:
+        box.recv(0, (7,), "a message that never comes")
+    except CollectiveError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_live_sender_that_never_sends_times_out() -> None:
+    message = spawn(silent, 2, timeout_s=60)[1]
+    assert "rank 1 waited 1.5s for a message that never comes from rank 0" in message

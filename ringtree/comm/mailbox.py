@@ -84,7 +84,7 @@ class Mailbox:
                 self.store.wait([key], timedelta(seconds=self.timeout_s))  # type: ignore[union-attr]
             except RuntimeError as e:
                 raise CollectiveError(
-                    f"rank {self.rank} waited {self.timeout_s:.0f}s for rank {rank} to open its "
+                    f"rank {self.rank} waited {self.timeout_s:g}s for rank {rank} to open its "
                     "shared-memory mailbox; it failed or never started"
                 ) from e
             record = json.loads(self.store.get(key))  # type: ignore[union-attr]
@@ -141,7 +141,7 @@ class Mailbox:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectiveError(
-                    f"rank {self.rank} waited {self.timeout_s:.0f}s for {what} from rank {rank}: "
+                    f"rank {self.rank} waited {self.timeout_s:g}s for {what} from rank {rank}: "
                     "it failed or is stuck"
                 )
             if select.select([self.inbox], [], [], min(left, LIVENESS_S))[0]:
