@@ -176,7 +176,7 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
                 p,
                 p // k,
                 k,
-                _transport(cfg, algorithm, count, dtype),
+                _transport(cfg, algorithm),
                 seconds * 1e6,
                 algbw,
                 algbw * busbw_factor(cfg.collective, p),
@@ -188,13 +188,12 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
     return rows
 
 
-def _transport(cfg: BenchConfig, algorithm: str, count: int, dtype: torch.dtype) -> str:
+def _transport(cfg: BenchConfig, algorithm: str) -> str:
     """How the call moved its data: shared memory or point-to-point for ringtree's schedules."""
     pg = dist.distributed_c10d._get_default_group()
     if algorithm == NATIVE:
         return dist.get_backend(pg)
-    buf = torch.empty(count, dtype=dtype, device=cfg.device)
-    return "shm" if shm.usable(buf, pg, timedelta(seconds=cfg.timeout_s)) else "p2p"
+    return "shm" if shm.usable(torch.device(cfg.device), pg, timedelta(seconds=cfg.timeout_s)) else "p2p"
 
 
 def _counts(cfg: BenchConfig, dtype: torch.dtype, p: int) -> list[int]:

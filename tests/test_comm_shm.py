@@ -70,9 +70,9 @@ def every_collective_over_shm(rank: int) -> dict[str, object]:
     if not torch.equal(y, torch.full((64,), float(rank + 1 + (rank - 1) % p + 1))):
         failures.append(f"staged step gave {y[0].item()}")
     x = torch.ones(2003)
-    used = shm.usable(x, _world(), _t())
+    used = shm.usable(x.device, _world(), _t())
     os.environ[shm.TRANSPORT_ENV] = "p2p"
-    off = shm.usable(x, _world(), _t())
+    off = shm.usable(x.device, _world(), _t())
     return {"failures": failures, "used": used, "off": off, "left": _ours()}
 
 
@@ -98,7 +98,7 @@ def different_hosts(rank: int) -> tuple[bool, bool]:
     shm.host_key = lambda: [f"node{rank}", *real[1:]]  # type: ignore[assignment]
     x = torch.ones(1 << 18)
     x = torch.ones(2003)
-    used = shm.usable(x, _world(), _t())
+    used = shm.usable(x.device, _world(), _t())
     comm.all_reduce(x, algorithm="ring")
     return used, bool((x == 2).all())
 

@@ -43,7 +43,7 @@ def execute(
     reduces in the same order and results agree bitwise.
     """
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if shm.usable(buf, pg, timeout):
+    if shm.usable(buf.device, pg, timeout):
         shm.execute(buf, schedule, rank, combine, pg=pg, timeout=timeout, what=what)
     elif PIPELINED and buf.device.type == "cpu" and dist.get_backend(pg) == "gloo":
         _pipelined(buf, schedule, rank, combine, pg, peers, timeout, what)

@@ -66,11 +66,11 @@ def transport() -> str:
     return name
 
 
-def usable(buf: torch.Tensor, pg: dist.ProcessGroup, timeout: timedelta) -> bool:
-    """Whether this call runs over shared memory. The same answer on every rank of the group:
-    everything it reads is the same everywhere (size, dtype, device, backend, the gathered hosts).
+def usable(device: torch.device, pg: dist.ProcessGroup, timeout: timedelta) -> bool:
+    """Whether a collective on `device` runs over shared memory. The same answer on every rank of
+    the group: everything it reads is the same everywhere (device, backend, the gathered hosts).
     """
-    if transport() == "p2p" or buf.device.type != "cpu" or dist.get_backend(pg) != "gloo":
+    if transport() == "p2p" or device.type != "cpu" or dist.get_backend(pg) != "gloo":
         return False
     if not SHM_DIR.is_dir() or default_store() is None:
         return False
