@@ -71,8 +71,18 @@ def calibrate(rate: str, tmp: Path, nodes: int, algorithms: list[str], replan: b
         ]
         emulated(nodes, rate, [*bench, "--json", str(rows)], record)
     cal.unlink(missing_ok=True)
-    ringtree("calibrate", str(rows), "--out", str(cal))
+    one_node = tmp / f"bench-1node-{nodes}ranks.json"  # absent in sweeps before it was measured
+    ringtree("calibrate", str(rows), *([str(one_node)] if one_node.exists() else []), "--out", str(cal))
     return cal
+
+
+def bench_one_node(tmp: Path, ranks: int, algorithms: list[str]) -> None:
+    """The same bench on `ranks` ranks of ONE emulated node (no shaped link): the calibration's
+    rows for the shape of the N-rank baseline run, whose all-reduce the plan must tell apart from
+    the rest of that run's exposed communication (its wait for ranks sharing the cores)."""
+    bench = ["bench", "--algorithms", ",".join(algorithms), *BENCH_SIZES, "--iters", "20", "--warmup", "3"]
+    out = tmp / f"bench-1node-{ranks}ranks.json"
+    ringtree("emulate", "--nodes", "1", "--nproc-per-node", str(ranks), "--", *bench, "--json", str(out))
 
 
 def ablated(cal: Path, model: str) -> Path:
@@ -126,6 +136,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """
     links: dict[str, Any] = {}
     cals: dict[tuple[str, int], Path] = {}
+    if not args.replan:
+        for nodes in args.nodes:
+            bench_one_node(work, nodes, args.bench_algorithms or args.algorithms)
     for rate in args.rates:
         for nodes in [2] if args.calibrate_on == "two" else args.nodes:
             cal = calibrate(rate, work, nodes, args.bench_algorithms or args.algorithms, args.replan)
