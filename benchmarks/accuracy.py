@@ -105,17 +105,20 @@ def _n(nodes: int) -> str:
 
 
 def predict(
-    summary: dict[str, Any], compute_s: float, nodes: int, algorithm: str, cal: Path, tag: str = ""
+    summary: dict[str, Any], compute: float | Path, nodes: int, algorithm: str, cal: Path, tag: str = ""
 ) -> dict[str, Any]:
-    """The plan's JSON for this many nodes (its step time and all-reduce time are what we compare)."""
+    """The plan's JSON for this many nodes (its step time and all-reduce time are what we compare):
+    from a compute time, or `plan --from-run` of the N-rank baseline run (compute and its wait)."""
     out = cal.with_name(f"plan-{summary['model']}-{nodes}-{algorithm}-{cal.stem}{tag}.json")
-    ringtree(
-        "plan", "--params", str(summary["parameters"]), "--compute-time", f"{compute_s:.6g}",
-        "--nodes", str(nodes), "--gpus-per-node", "1", "--calibration", str(cal),
-        "--algorithm", planned_as(algorithm, cal), "--overlap",
-        "--bucket-mb", str(summary["bucket_mb"]), "--batch-size", str(summary["batch_size"]),
-        "--json", str(out),
-    )  # fmt: skip
+    cluster = ["--nodes", str(nodes), "--gpus-per-node", "1", "--calibration", str(cal),
+               "--algorithm", planned_as(algorithm, cal), "--json", str(out)]  # fmt: skip
+    if isinstance(compute, Path):
+        ringtree("plan", "--from-run", str(compute), *cluster)
+    else:
+        ringtree(
+            "plan", "--params", str(summary["parameters"]), "--compute-time", f"{compute:.6g}", *cluster,
+            "--overlap", "--bucket-mb", str(summary["bucket_mb"]), "--batch-size", str(summary["batch_size"]),
+        )  # fmt: skip
     plan: dict[str, Any] = json.loads(out.read_text())
     return plan
 
@@ -151,8 +154,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for model in args.models:
             one = baseline(model, 1, k, args, work)
             t1 = float(one["step_time_s"])  # one rank: no communication, the step is compute
-            compute = {n: t1 if args.compute_from == "one-rank" else shared_compute(model, n, k, args, work)
-                       for n in args.nodes}  # fmt: skip
+            compute = {n: plan_input(model, n, k, t1, args, work) for n in args.nodes}
             for nodes in args.nodes:
                 for algorithm in args.algorithms:
                     for rate in args.rates:
@@ -190,9 +192,8 @@ def _r(k: int) -> str:
 
 
 def baseline(model: str, ranks: int, k: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """A run of `ranks` ranks on ONE emulated node (loopback between them, one thread each)."""
-    name = "1node" if ranks == 1 else f"1node-{ranks}ranks"
-    path = work / f"{model}-{name}{_r(k)}.json"
+    """A run of `ranks` ranks on ONE emulated node (no shaped link between them, one thread each)."""
+    path = baseline_path(model, ranks, k, work)
     if not args.replan:
         command = train(model, "ring", args.epochs, path)
         ringtree("emulate", "--nodes", "1", "--nproc-per-node", str(ranks), "--", *command)
@@ -200,16 +201,28 @@ def baseline(model: str, ranks: int, k: int, args: argparse.Namespace, work: Pat
     return result
 
 
-def shared_compute(model: str, nodes: int, k: int, args: argparse.Namespace, work: Path) -> float:
-    """Compute per step with N ranks sharing this machine's cores, measured on ONE node.
+def baseline_path(model: str, ranks: int, k: int, work: Path) -> Path:
+    name = "1node" if ranks == 1 else f"1node-{ranks}ranks"
+    return work / f"{model}-{name}{_r(k)}.json"
 
-    N ranks of one emulated node load the cores as the N-node run will; their step less its
-    exposed communication is the compute the N-node run's ranks will see. On a real cluster,
-    where nodes do not share cores, this equals the 1-rank step. Measured in every round, right
-    before that round's N-node runs, so that both see the same machine.
+
+def plan_input(
+    model: str, nodes: int, k: int, t1: float, args: argparse.Namespace, work: Path
+) -> float | Path:
+    """What the plan starts from: the 1-rank step (`one-rank`), or N ranks sharing this machine's
+    cores on ONE node: its compute (`same-ranks`: step less exposed communication) or the run
+    itself (`from-run`: `plan --from-run`, compute plus the run's wait beyond its own all-reduce).
+
+    N ranks of one emulated node load the cores as the N-node run will, and wait for each other
+    as its ranks will; on a real cluster, where nodes do not share cores, the N-rank baseline is
+    one node's run. Measured in every round, right before that round's N-node runs, so that both
+    see the same machine.
     """
+    if args.compute_from == "one-rank":
+        return t1
     run = baseline(model, nodes, k, args, work)
-    return float(run["step_time_s"] - run["exposed_comm_time_s"])
+    path = baseline_path(model, nodes, k, work)
+    return path if args.compute_from == "from-run" else float(run["step_time_s"] - run["exposed_comm_time_s"])
 
 
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -272,6 +285,7 @@ def row(
         "pays_off_predicted_correctly": (nodes * t1 / predicted > 1) == (nodes * t1 / measured > 1),
         "predicted_compute_s": plan["compute_time_s"],
         "predicted_allreduce_s": plan["allreduce_time_s"],
+        "predicted_wait_s": plan.get("sync_wait_s", 0.0),
         "predicted_error_bar_s": (plan.get("explain") or {}).get("error_bar_s"),
         "measured_comm_s": run["comm_time_s"],
         "measured_exposed_comm_s": run["exposed_comm_time_s"],
@@ -310,8 +324,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         "| model | nodes | inter-node | algorithm | 1-node step (ms) | predicted (ms) | measured (ms) "
         "| error | speedup predicted | speedup measured | pays off? | all-reduce predicted / measured (ms) "
-        "| compute predicted / measured (ms) | spread |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| wait kept (ms) | compute predicted / measured (ms) | spread |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         ok = "right" if r["pays_off_predicted_correctly"] else "WRONG"
@@ -328,6 +342,7 @@ def table(result: dict[str, Any]) -> str:
             f"{r['measured_speedup']:.2f}x",
             ok,
             f"{_ms(r['predicted_allreduce_s'])} / {_ms(r['measured_comm_s'])}",
+            _ms(r.get("predicted_wait_s")),
             f"{_ms(r['predicted_compute_s'])} / {_ms(r['measured_compute_s'])}",
             f"{r.get('measured_spread', 0.0) * 100:.0f}%",
         ]
@@ -362,9 +377,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs/data/accuracy.json")
     parser.add_argument(
         "--compute-from",
-        choices=["one-rank", "same-ranks"],
-        default="same-ranks",
-        help="Compute time for the plan: the 1-rank run's step, or N ranks sharing one node's cores.",
+        choices=["one-rank", "same-ranks", "from-run"],
+        default="from-run",
+        help="What the plan starts from: the 1-rank run's step, the compute of N ranks sharing one "
+        "node's cores, or that run itself (`plan --from-run`: its compute and its wait).",
     )
     parser.add_argument(
         "--calibrate-on",

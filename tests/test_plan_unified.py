@@ -14,7 +14,7 @@ from ringtree.sim import INTER, INTRA, Cluster, Link
 from ringtree.sim.clusters import CLUSTERS, get, preset_cluster
 from ringtree.sim.explain import level_bounds, seed_derivation
 from ringtree.sim.pipeline import predict_pipeline
-from ringtree.sim.plan import Layout, StepConfig, StepWork, predict, predict_step
+from ringtree.sim.plan import Layout, StepConfig, StepWork, predict, predict_step, with_run_wait
 from ringtree.sim.transformer import Training, Transformer, activation_bytes_per_layer, memory, plan
 
 runner = CliRunner()
@@ -111,7 +111,7 @@ def test_plan_transformer_cli_json(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert (data["tp"], data["pp"], data["dp"], data["micro_batches"]) == (2, 2, 2, 16)
     assert data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
-    assert set(data["breakdown"]) == {"compute_s", "tp_comm_s", "pp_bubble_s", "exposed_dp_s"}
+    assert set(data["breakdown"]) == {"compute_s", "tp_comm_s", "pp_bubble_s", "sync_wait_s", "exposed_dp_s"}
     assert 0 < data["mfu"] < 1 and data["memory"]["fits"]
 
 
@@ -148,11 +148,38 @@ def test_plan_from_run_predicts_more_nodes(tmp_path: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["step_s"] == pytest.approx(0.4 + data["dp_allreduce_s"])
+    assert data["step_s"] == pytest.approx(0.4 + data["sync_wait_s"] + data["dp_allreduce_s"])
+    assert data["sync_wait_s"] == pytest.approx(max(0.0, 0.02 - data["predicted_run_step_s"] + 0.4), abs=1e-9)
     assert data["speedup"] == pytest.approx(3 * 0.42 / data["step_s"])
     assert data["explain"]["error_bar_s"] == pytest.approx(0.1 * data["dp_allreduce_s"])
     assert data["explain"]["bottleneck"].startswith("inter")
     assert "90% scaling efficiency needs" in result.output
+
+
+@pytest.mark.parametrize(("exposed", "waits"), [(0.0, False), (0.1, True)])
+def test_from_run_keeps_the_runs_wait_beyond_its_own_all_reduce(exposed: float, waits: bool) -> None:
+    """A 4-rank one-node run whose ranks waited 0.1 s for each other (ranks sharing cores): the
+    wait is what the run exposed beyond the all-reduce predicted for its own shape; it stays in
+    the plan for more nodes, ahead of the bigger all-reduce. A run that exposed less keeps none."""
+    summary = {"step_time_s": 0.5 + exposed, "exposed_comm_time_s": exposed, "parameters": 1_000_000,
+               "algorithm": "ring", "world_size": 4, "nodes": 1, "overlap": True}  # fmt: skip
+    config = StepConfig.from_summary(summary)
+    one_node = Cluster(1, 4, Link("fast", 1e-6, 10e9), Link("slow", 1e-4, 1.25e8))
+    kept = with_run_wait(config, summary, one_node)
+    own = predict_step(config, one_node, "ring").exposed_dp_s
+    assert 0 < own < 0.1 and kept.sync_wait_s == pytest.approx(max(0.0, exposed - own))
+    row = predict_step(kept, one_node.with_nodes(4), "ring")
+    assert row.sync_wait_s == kept.sync_wait_s and (row.sync_wait_s > 0) == waits
+    assert row.step_s == pytest.approx(sum(row.breakdown.values()))
+    assert row.step_s == pytest.approx(0.5 + kept.sync_wait_s + row.dp_allreduce_s)
+
+
+def test_from_run_refuses_options_it_would_ignore(tmp_path: Path) -> None:
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"step_time_s": 1.0, "parameters": 10, "world_size": 4, "nodes": 1}))
+    args = ["plan", "--from-run", str(run), "--nodes", "3", "--intra", "pcie-gen3", "--inter", "eth-10g"]
+    result = runner.invoke(app, [*args, "--overlap", "--bucket-mb", "50"])
+    assert result.exit_code == 2 and "--overlap, --bucket-mb" in result.output, result.output
 
 
 def test_the_seed_derivation_and_bounds() -> None:

@@ -78,10 +78,16 @@ def plan(
     shape_given = any(x is not None for x in (layers, hidden, heads, seq, vocab, global_batch))
     transformer_only = shape_given or search or micro_batch is not None or recompute is not None
     if from_run is not None:
-        given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time}
-        _refuse(
-            [k for k, v in given.items() if v is not None] + (["--search"] if search else []), "--from-run"
-        )
+        given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
+                 "--measure": measure or None, "--input-shape": input_shape, "--overlap": overlap or None,
+                 "--bucket-mb": None if bucket_mb == 25.0 else bucket_mb, "--compression": compression,
+                 "--accumulate": None if accumulate == 1 else accumulate, "--tp": None if tp == 1 else tp,
+                 "--batch-size": None if batch_size == 32 else batch_size, "--pp": None if pp == 1 else pp,
+                 "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype, "--shape": shape,
+                 "--plot": plot, "--search": search or None}  # fmt: skip
+        named = [k for k, v in given.items() if v is not None]
+        named += ["transformer options"] if transformer_only else []
+        _refuse(named, "--from-run (the step comes from the run)")
         return _from_run(from_run, links, algorithm, json_path)
     dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
     only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
@@ -355,7 +361,7 @@ def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path
     """A finished one-node run's measured compute time, scaled to --nodes x --gpus-per-node."""
     import json
 
-    from ringtree.sim.plan import StepConfig, predict_step
+    from ringtree.sim.plan import StepConfig, predict_step, with_run_wait
 
     try:
         summary = json.loads(path.read_text())
@@ -372,8 +378,9 @@ def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path
         raise typer.BadParameter(str(e)) from None
     if run_nodes != 1:
         raise typer.BadParameter(f"--from-run expects a one-node run, {path} ran on {run_nodes} nodes")
-    row = predict_step(config, cluster, chosen)
     base_cluster = dataclasses.replace(cluster, nodes=1, gpus_per_node=run_ranks)
+    config = with_run_wait(config, summary, base_cluster)
+    row = predict_step(config, cluster, chosen)
     base = predict_step(config, base_cluster, chosen)
     speedup = row.samples_per_s / (
         config.accumulate * config.batch_size * run_ranks / float(summary["step_time_s"])
@@ -394,6 +401,12 @@ def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path
         f"speedup {speedup:.2f}x over the measured {run_ranks}-rank run",
         highlight=False,
     )
+    if config.sync_wait_s > 0:
+        console.print(
+            f"the run waited {config.sync_wait_s * 1e3:.2f} ms per step beyond the all-reduce predicted "
+            f"for its own {run_ranks} ranks (a straggler, ranks sharing cores): kept in the plan",
+            highlight=False,
+        )
     _explain(result, config, cluster, links.calibration)
     if json_path is not None:
         write_json(json_path, result)

@@ -159,12 +159,13 @@ def seed_derivation(config: StepConfig, cluster: Cluster, algorithm: str) -> lis
         predict_step(config, cluster.with_nodes(1), algorithm),
     )
     speedup = cluster.nodes * one.step_time_s / row.step_time_s
+    wait = f" + {row.sync_wait_s:.4f} (the run's wait)" if row.sync_wait_s else ""
     return [
-        f"seed: 2S/B = 2 x {s / 1e6:.0f} MB / {b / 1e9:.3g} GB/s = {2 * s / b:.4f} s "
+        f"seed: 2S/B = 2 x {s / 1e6:.3g} MB / {b / 1e9:.3g} GB/s = {2 * s / b:.4f} s "
         f"(exactly 2({p}-1)/{p} S/B = {2 * (p - 1) / p * s / b:.4f} s)",
         f"plan: all-reduce {row.allreduce_time_s:.4f} s = that bound plus latency and reductions over "
         f"{len(config.buckets())} buckets",
-        f"plan: step {config.compute_time_s:.3f} + {row.exposed_dp_s:.4f} = {row.step_time_s:.4f} s on "
+        f"plan: step {row.compute_time_s:.3f}{wait} + {row.exposed_dp_s:.4f} = {row.step_time_s:.4f} s on "
         f"{cluster.nodes} nodes, {one.step_time_s:.4f} s on one; speedup {cluster.nodes} x "
         f"{one.step_time_s:.4f} / {row.step_time_s:.4f} = {speedup:.2f}x",
     ]

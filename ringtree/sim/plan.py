@@ -11,7 +11,10 @@ model of `ringtree.sim.transformer`). One step (one optimizer update), per devic
     cut into fusion buckets of `bucket_mb` MiB, all-reduced one after another over the DP group;
   * without overlap the all-reduces follow the compute; with overlap bucket i may start once
     the last backward has produced its share of the gradients (buckets fill evenly through the
-    backward) and the previous bucket is done: step = max(compute, last bucket's end).
+    backward) and the previous bucket is done: step = max(compute, last bucket's end);
+  * a plan from a finished run keeps that run's wait: its exposed communication beyond the
+    all-reduce the plan predicts for the run's own shape (ranks waiting for a straggler, for ranks
+    sharing their cores, for skewed input). It delays the last backward's gradients by that much.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ class StepConfig:
     bucket_mb: float = 25.0  # torch DDP's default bucket_cap_mb
     accumulate: int = 1
     batch_size: int = 32  # samples per device per micro-step
+    sync_wait_s: float = 0.0  # per step: ranks waiting for each other, measured (`with_run_wait`)
 
     def __post_init__(self) -> None:
-        if self.params < 0 or self.compute_time_s < 0:
+        if self.params < 0 or self.compute_time_s < 0 or self.sync_wait_s < 0:
             raise ValueError(
-                f"need params >= 0 and compute time >= 0, got {self.params}, {self.compute_time_s}"
+                f"need params >= 0, compute time >= 0 and wait >= 0, got {self.params}, "
+                f"{self.compute_time_s}, {self.sync_wait_s}"
             )
         for name in (self.grad_dtype, self.compression):
             if name is not None and name not in DTYPE_BYTES:
@@ -109,6 +114,7 @@ class StepConfig:
             bucket_mb=self.bucket_mb,
             overlap=self.overlap,
             samples=self.accumulate * self.batch_size * ranks,
+            sync_wait_s=self.sync_wait_s,
         )
 
 
@@ -160,13 +166,14 @@ class StepWork:
     flops: float = 0.0  # model FLOPs per step, all devices (for MFU)
     peak_flops: float = 0.0  # one device's peak FLOP/s
     optimizer_s: float = 0.0  # the optimizer step, once per step after the gradients are reduced
+    sync_wait_s: float = 0.0  # ranks waiting for each other before the last gradients are reduced
 
 
 @dataclass(frozen=True)
 class StepPrediction:
     """One predicted step: its time, where it goes, and (for the transformer model) MFU and memory.
 
-    step_s = compute_s + tp_comm_s + pp_bubble_s + exposed_dp_s.
+    step_s = compute_s + tp_comm_s + pp_bubble_s + sync_wait_s + exposed_dp_s.
     """
 
     algorithm: str
@@ -187,6 +194,7 @@ class StepPrediction:
     mfu: float | None = None
     memory: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    sync_wait_s: float = 0.0
 
     # The names the planner's JSON had before the unified model, kept for its users.
     @property
@@ -207,6 +215,7 @@ class StepPrediction:
             "compute_s": self.compute_s,
             "tp_comm_s": self.tp_comm_s,
             "pp_bubble_s": self.pp_bubble_s,
+            "sync_wait_s": self.sync_wait_s,
             "exposed_dp_s": self.exposed_dp_s,
         }
 
@@ -279,6 +288,8 @@ def predict(
         makespan = replay_pipeline(build(layout.schedule, pp, m), costs, link).step_time_s
     else:
         makespan = busy
+    bubble = makespan - busy
+    makespan += work.sync_wait_s
     sizes = buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
     if layout.spread_tp:  # dp innermost: each DP group fills nodes by itself
         local = min(dp, cluster.gpus_per_node)
@@ -304,7 +315,7 @@ def predict(
         step,
         m * (work.forward_s + work.backward_s) + work.optimizer_s,
         m * (work.tp_forward + work.tp_backward) * one_tp,
-        makespan - busy,
+        bubble,
         step - makespan - work.optimizer_s,
         sum(times),
         work.samples / step if step else 0.0,
@@ -314,6 +325,7 @@ def predict(
         m,
         "inter" if group is not None and group.nodes > 1 else "intra",
         work.flops / (step * peak) if work.flops and peak and step else None,
+        sync_wait_s=work.sync_wait_s,
     )
 
 
@@ -325,6 +337,23 @@ def allreduce_time(config: StepConfig, cluster: Cluster, algorithm: str) -> floa
 def predict_step(config: StepConfig, cluster: Cluster, algorithm: str = "ring") -> StepPrediction:
     """Data parallelism only: `predict` of the config's work on every device of the cluster."""
     return predict(config.work(cluster.ranks), cluster, algorithm)
+
+
+def with_run_wait(config: StepConfig, summary: dict[str, Any], run_cluster: Cluster) -> StepConfig:
+    """`config` (from the run's summary) with the run's wait: its measured exposed communication
+    beyond what the plan predicts for the run's own algorithm on the run's own shape, never below 0.
+
+    On one node that wait is ranks waiting for each other (a straggler, ranks sharing cores, skewed
+    input), not the network; a plan for more nodes keeps it and adds the bigger all-reduce. With a
+    calibration that has rows of the run's shape the prediction it is measured against is those
+    rows; without one, the modelled links.
+    """
+    run_algorithm = str(summary.get("algorithm") or "ring")
+    if run_algorithm not in (*ALGORITHMS, "native"):
+        run_algorithm = "ring"  # an algorithm the planner does not know is planned as ring
+    exposed = float(summary.get("exposed_comm_time_s") or 0.0)
+    modelled = predict_step(config, run_cluster, run_algorithm).exposed_dp_s
+    return dataclasses.replace(config, sync_wait_s=max(0.0, exposed - modelled))
 
 
 def speedup_vs_one_node(config: StepConfig, cluster: Cluster, algorithm: str) -> float:
