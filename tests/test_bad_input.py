@@ -26,6 +26,7 @@ CASES: list[tuple[list[str], str]] = [
     (["train", "--mode", "dp", "--pp", "2"], "--mode dp steps the whole model on rank 0"),
     (["train", "--mode", "dp-threads", "--nproc", "2"], "use --nproc 1"),
     (["train", "--threads", "2"], "sets the devices of --mode dp-threads"),
+    (["train", "--mode", "dp-threads", "--algorithm", "tree"], "--algorithm: not supported by --mode"),
     (["train", "--max-restarts", "1"], "pass --checkpoint-dir DIR"),
     (["train", "--keep-checkpoints", "3"], "needs --checkpoint-dir"),
     (["train", "--schedule", "gpipe"], "--pp"),

@@ -245,6 +245,7 @@ def _check_thread_mode(cfg: TrainConfig) -> None:
         flag
         for flag, value in (
             *_bucket_options(cfg),
+            ("--algorithm", None if cfg.algorithm == "ring" else cfg.algorithm),  # autograd sums the replicas
             ("--tp", cfg.tp > 1 or None),
             ("--pp", cfg.pp > 1 or None),
             ("--accumulate", cfg.accumulate > 1 or None),
