@@ -139,18 +139,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """
     links: dict[str, Any] = {}
     cals: dict[tuple[str, int], Path] = {}
-    if not args.replan:
+    rounds = args.rounds if args.rounds is not None else list(range(args.repeats))
+    measure = not args.replan and 0 in rounds  # later rounds reuse the sweep's calibration benches
+    if measure:
         for nodes in args.nodes:
             bench_one_node(work, nodes, args.bench_algorithms or args.algorithms)
     for rate in args.rates:
         for nodes in [2] if args.calibrate_on == "two" else args.nodes:
-            cal = calibrate(rate, work, nodes, args.bench_algorithms or args.algorithms, args.replan)
+            cal = calibrate(rate, work, nodes, args.bench_algorithms or args.algorithms, not measure)
             cals[rate, nodes] = ablated(cal, args.model)
             record = json.loads((work / f"bench-{rate}{_n(nodes)}-cluster.json").read_text())
             links[f"{rate} x {nodes} nodes"] = record["links"]
     cells: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
     rows: list[dict[str, Any]] = []
-    for k in range(args.repeats):
+    for k in rounds:
         for model in args.models:
             one = baseline(model, 1, k, args, work)
             t1 = float(one["step_time_s"])  # one rank: no communication, the step is compute
@@ -362,6 +364,12 @@ def main() -> None:
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=["ring", "native"])
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="Rounds; each row is their median.")
+    parser.add_argument(
+        "--rounds",
+        type=lambda s: [int(k) for k in s.split(",")],
+        help="Which rounds (0, 1, ...; default all of --repeats): run only these, reusing the kept "
+        "calibration benches unless 0 is among them; with --replan, the rows are these rounds' medians.",
+    )
     parser.add_argument(
         "--bench-algorithms",
         type=lambda s: s.split(","),
