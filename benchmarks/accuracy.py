@@ -170,7 +170,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         if not out.exists():
                             continue  # --replan of a sweep that was stopped early
                         measured = json.loads(out.read_text())
-                        cell = row(model, nodes, rate, algorithm, t1, predicted, measured, cal)
+                        load = None if args.replan else os.getloadavg()[0]  # right after the run
+                        cell = row(model, nodes, rate, algorithm, t1, predicted, measured, cal, load)
                         cells.setdefault((model, nodes, rate, algorithm), []).append(cell)
                         print(json.dumps(cell), flush=True)
         rows = [median_row(v) for v in sorted(cells.values(), key=_order(args))]
@@ -263,6 +264,7 @@ def row(
     plan: dict[str, Any],
     run: dict[str, Any],
     cal: Path,
+    load: float | None = None,
 ) -> dict[str, Any]:
     """One comparison. Speedup = N nodes' samples/s over one node's = N x t1 / t_N (batch per rank fixed).
 
@@ -292,7 +294,7 @@ def row(
         "measured_comm_s": run["comm_time_s"],
         "measured_exposed_comm_s": run["exposed_comm_time_s"],
         "measured_compute_s": measured - run["exposed_comm_time_s"],
-        "load_average_1m": os.getloadavg()[0],  # right after the run
+        "load_average_1m": load,  # right after the run (None when replanned)
     }
 
 
