@@ -317,7 +317,8 @@ def environment() -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "machine": "shared 2-core VM (other jobs running), one rank per emulated node, 1 thread per rank",
+        "machine": f"{os.cpu_count()}-core VM, one rank per emulated node, 1 thread per rank "
+        "(each row records the 1-minute load average right after its run)",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "flock /tmp/ringtree-bench.lock python benchmarks/accuracy.py " + " ".join(sys.argv[1:]),
     }
