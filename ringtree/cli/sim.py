@@ -13,7 +13,6 @@ from ringtree.cli.output import check_output, print_table, write_json
 from ringtree.units import format_size, parse_size
 
 SWEEPS = ("sizes", "nodes")
-DEFAULT_PLOT = Path("sim-sweep.png")
 DEFAULT_CALIBRATION = Path("machine.json")
 # Replaying more ranks than this takes minutes (millions of messages): refused with a hint.
 REPLAY_MAX_RANKS = 1024
@@ -44,7 +43,7 @@ def sim(
     max_bytes: str = typer.Option("1G", help="Largest size of --sweep sizes."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON here."),
     plot: Path | None = typer.Option(
-        None, help="PNG of a sweep (default: sim-sweep.png with --sweep, if no such file exists)."
+        None, help="Write a PNG of the sweep here (needs --sweep; no picture unless asked)."
     ),
 ) -> None:
     """Predict all-reduce time on a modelled cluster; --sweep over sizes or node counts.
@@ -87,17 +86,10 @@ def sim(
 
 
 def _plot_path(sweep: str | None, plot: Path | None) -> Path | None:
-    """Where a sweep's PNG goes: --plot, else the default name only when no such file exists yet."""
-    if sweep is None:
-        if plot is not None:
-            raise ValueError("--plot needs --sweep sizes or --sweep nodes (a single point has no plot)")
-        return None
-    if plot is None and DEFAULT_PLOT.exists():
-        raise ValueError(
-            f"{DEFAULT_PLOT} already exists and was not named; pass --plot FILE "
-            f"(or --plot {DEFAULT_PLOT} to replace it)"
-        )
-    return plot or DEFAULT_PLOT
+    """Where a sweep's PNG goes: only where --plot names it (nothing is written unasked)."""
+    if sweep is None and plot is not None:
+        raise ValueError("--plot needs --sweep sizes or --sweep nodes (a single point has no plot)")
+    return plot
 
 
 def _cluster(
