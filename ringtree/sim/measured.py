@@ -226,6 +226,5 @@ def allreduce_seconds(algorithm: str, cluster: Cluster, nbytes: int, itemsize: i
     """The planner's all-reduce time: from the cluster's measured rows when it has them, else the
     closed form."""
     if cluster.measured is not None:
-        table: MeasuredTimes = cluster.measured
-        return table.seconds(algorithm, cluster, nbytes, itemsize)
+        return cluster.measured.seconds(algorithm, cluster, nbytes, itemsize)
     return estimate(check_algorithm(algorithm), cluster, nbytes, itemsize)

@@ -17,7 +17,7 @@ import numpy as np
 from ringtree.sim import nccl_model
 from ringtree.sim.calibrate import LevelFit, level_fits, nonnegative_lstsq
 from ringtree.sim.hardware import Link
-from ringtree.sim.nccl_model import Corrections, NcclSystem, NcclTuning
+from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
 from ringtree.sim.presets import INTER, INTRA
 
 # Intra-node link by GPU generation (SXM parts: NVLink; PCIe parts: their PCIe generation).

@@ -15,15 +15,13 @@ NCCL's (NCCL picks by its model, not by the measured times).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from ringtree.sim.hardware import Cluster
+from ringtree.sim.hardware import Cluster
+from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
-GENERATIONS = ("volta", "ampere", "hopper", "blackwell")
 
 # baseLatencies[algorithm][protocol] (tuning.cc)
 BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0)}
@@ -95,42 +93,6 @@ NVLS_SPEEDS_INTER = {
     "blackwell": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0,
                   6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class NcclSystem:
-    """What NCCL's topology search finds: GPU generation, fabric, bus bandwidths, channels."""
-
-    generation: str  # volta | ampere | hopper | blackwell
-    fabric: str  # nvlink | pci
-    intra_bus_GBps: float  # graph bwIntra x nChannels: one GPU through its node's fabric
-    inter_bus_GBps: float  # the node's NICs together (NCCL counts a NIC at line rate / 8)
-    channels: int
-    nvls: bool = False  # NVLink SHARP (Hopper and later NVSwitch systems)
-
-    def __post_init__(self) -> None:
-        if self.generation not in GENERATIONS or self.fabric not in ("nvlink", "pci"):
-            raise ValueError(f"unknown GPU generation {self.generation!r} or fabric {self.fabric!r}")
-        if self.intra_bus_GBps <= 0 or self.inter_bus_GBps <= 0 or self.channels < 1:
-            raise ValueError("NCCL system: bus bandwidths must be > 0 and channels >= 1")
-
-
-@dataclass(frozen=True)
-class Corrections:
-    """Measured / NCCL-model factors: latency of each level, transfer term of each level."""
-
-    latency_intra: float = 1.0
-    latency_inter: float = 1.0
-    transfer_intra: float = 1.0
-    transfer_inter: float = 1.0
-
-
-@dataclass(frozen=True)
-class NcclTuning:
-    """A system and the corrections fitted to it (all 1.0 when uncalibrated)."""
-
-    system: NcclSystem
-    corrections: Corrections = field(default_factory=Corrections)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 from ringtree.sim import calibrate, nccl_fit
 from ringtree.sim.hardware import Cluster, parse_link
 from ringtree.sim.measured import MeasuredTimes
-from ringtree.sim.nccl_model import NcclTuning, system_from_links
+from ringtree.sim.nccl_model import system_from_links
+from ringtree.sim.nccl_system import NcclTuning
 from ringtree.sim.presets import INTER, INTRA
 
 

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from ringtree.sim import nccl_model
-from ringtree.sim.nccl_model import Corrections, NcclTuning
+from ringtree.sim.nccl_system import Corrections, NcclTuning
 from ringtree.sim.presets import INTER, INTRA
 
 HERE = Path(__file__).parent
