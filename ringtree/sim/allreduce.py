@@ -44,4 +44,4 @@ def allreduce_time(
         method = "replay" if cluster.ranks <= AUTO_REPLAY_MAX_RANKS else "closed-form"
     if method == "replay":
         return Estimate(algorithm, replay_all_reduce(name, cluster, nbytes, itemsize), method)
-    return Estimate(algorithm, estimate(name, cluster, nbytes, itemsize), method)
+    return Estimate(algorithm, estimate(algorithm, cluster, nbytes, itemsize), method)

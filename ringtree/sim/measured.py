@@ -168,17 +168,17 @@ class MeasuredTimes:
 
     def seconds(self, algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
         """One all-reduce of nbytes with `algorithm` on `cluster`, from the rows (see module doc)."""
-        name = check_algorithm(algorithm)
+        check_algorithm(algorithm)
         own = self.links_for(algorithm)
         calibrated = (cluster.intra, cluster.inter) == (self.overall.intra, self.overall.inter)
         planned = own.on(cluster) if calibrated else cluster
-        model = estimate(name, planned, nbytes, itemsize)
+        model = estimate(algorithm, planned, nbytes, itemsize)
         curve = self.source(algorithm, cluster).curve
         if curve is None or model == 0:
             return model
         rows = own.on(cluster, curve.nodes, curve.per_node)
-        fitted = estimate(name, rows, nbytes, itemsize)
-        measured = curve.time(nbytes, lambda n: estimate(name, rows, n, itemsize))
+        fitted = estimate(algorithm, rows, nbytes, itemsize)
+        measured = curve.time(nbytes, lambda n: estimate(algorithm, rows, n, itemsize))
         return measured * model / fitted if fitted > 0 else model
 
     def residual(self, algorithm: str, cluster: Cluster, nbytes: int) -> float | None:
@@ -227,4 +227,4 @@ def allreduce_seconds(algorithm: str, cluster: Cluster, nbytes: int, itemsize: i
     closed form."""
     if cluster.measured is not None:
         return cluster.measured.seconds(algorithm, cluster, nbytes, itemsize)
-    return estimate(check_algorithm(algorithm), cluster, nbytes, itemsize)
+    return estimate(algorithm, cluster, nbytes, itemsize)
