@@ -80,6 +80,7 @@ NVLINK_BW_PER_LINK = {
     "blackwell": 40.1,
 }  # topo.h SMxx_NVLINK_BW
 MAX_CHANNELS = 32  # MAXCHANNELS
+NCCL_BUFFSIZE = 4 << 20  # DEFAULT_BUFFSIZE: staging buffer per channel and peer (Simple protocol)
 # search.cc: per-channel speeds the topology search tries, fastest first (Hopper, Blackwell).
 NVLS_SPEEDS_INTRA = {
     "volta": (3.0,), "ampere": (3.0,),
@@ -105,6 +106,7 @@ class Choice:
     latency_inter_us: float
     transfer_us: float
     level: str  # which level's bandwidth the transfer term is: intra (1 node) or inter
+    fill_us: float = 0.0  # network pipeline fill (`pipeline_fill_us`): in the time, not in NCCL's pick
 
     @property
     def label(self) -> str:
@@ -122,7 +124,7 @@ class Choice:
             self.latency_intra_us,
             self.latency_inter_us,
             self.transfer_us if intra else 0.0,
-            0.0 if intra else self.transfer_us,
+            0.0 if intra else self.transfer_us + self.fill_us,
         )
 
     def time_us(self, c: Corrections) -> float:
@@ -232,7 +234,24 @@ def price(s: NcclSystem, algorithm: str, protocol: str, p: int, nodes: int, nbyt
         plateau = 1.9 if s.generation == "volta" else 1.4  # "plateau effect of ring"
         lat_intra, lat_inter = lat_intra * plateau, lat_inter * plateau
     level = "intra" if nodes == 1 else "inter"
-    return Choice(algorithm, protocol, lat_intra, lat_inter, nbytes / (1000 * bw), level)
+    fill = pipeline_fill_us(s, algorithm, p, nodes, nbytes, bw) if protocol == "Simple" else 0.0
+    return Choice(algorithm, protocol, lat_intra, lat_inter, nbytes / (1000 * bw), level, fill)
+
+
+def pipeline_fill_us(s: NcclSystem, algorithm: str, p: int, nodes: int, nbytes: int, bw: float) -> float:
+    """Time a tree across nodes takes to fill its network pipeline before it streams at `bw`, in us.
+
+    A tree reduces up to the root before the broadcast comes down, and across nodes NCCL's proxy
+    stages each channel's Simple-protocol data in a buffer of NCCL_BUFFSIZE (4 MiB) per peer: the
+    first min(n, channels x buffer) bytes go up before results stream back, so they cost their
+    transfer time once more. A ring streams from its first step (no fill); LL and LL128 hand on
+    every line as it lands; one node has no network proxy. NCCL's model, which picks the
+    algorithm, has no such term: the pick stays NCCL's, the time includes it.
+    """
+    if nodes == 1 or algorithm not in ("tree", "nvls_tree"):
+        return 0.0
+    channels = _nvls_graph(s, p // nodes, nodes)[0] if algorithm == "nvls_tree" else s.channels
+    return min(nbytes, NCCL_BUFFSIZE * channels) / (1000 * bw)
 
 
 def candidates(s: NcclSystem, p: int, nodes: int, nbytes: int) -> list[Choice]:

@@ -1,0 +1,55 @@
+"""The uncalibrated presets against published multi-node nccl-tests tables (benchmarks/nccl_published.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from ringtree.sim import nccl_model
+from ringtree.sim.clusters import preset_cluster
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "nccl_published.py"
+TARGET = 0.15  # issue 21: median |error| over the tables at most 15%
+
+
+@pytest.fixture(scope="module")
+def published() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("nccl_published", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["nccl_published"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_at_least_four_multi_node_tables_of_h100_and_a100(published: ModuleType) -> None:
+    res = published.results()
+    shapes = {(r["nodes"], t[:4]) for t, v in res["tables"].items() for r in v["rows"]}
+    assert len(res["tables"]) >= 4 and all(nodes > 1 for nodes, _ in shapes)
+    assert {gpu for _, gpu in shapes} == {"h100", "a100"}
+
+
+def test_median_error_over_the_tables_is_within_target(published: ModuleType) -> None:
+    res = published.results()
+    assert res["all_rows"]["median_abs_error"] <= TARGET
+    assert res["median_of_table_medians"] <= TARGET
+    p5 = res["tables"]["h100-2x8-p5-efa.log"]["summary"]["median_abs_error"]
+    assert p5 <= TARGET  # the issue's case: p5.48xlarge on 2 nodes
+
+
+def test_the_fill_is_in_the_time_but_not_in_nccls_pick() -> None:
+    """NCCL picks by its own model; the tree's pipeline fill only makes the picked one slower."""
+    s = nccl_model.system_for(preset_cluster("dgx-h100", 2))
+    assert s is not None
+    choice = nccl_model.choose(s, 16, 2, 64 << 20)
+    assert choice.label == "nvls_tree/Simple" and choice.fill_us > 0
+    assert choice.model_us == pytest.approx(
+        choice.latency_intra_us + choice.latency_inter_us + choice.transfer_us
+    )
+    assert nccl_model.choose(s, 8, 1, 64 << 20).fill_us == 0  # one node: no network proxy
+    ring = nccl_model.price(s, "ring", "Simple", 16, 2, 64 << 20)
+    assert ring is not None and ring.fill_us == 0  # a ring streams from its first step
