@@ -237,6 +237,7 @@ def calibrate(
         _print_bench_fit(fitted, bench_rows, target)
     if nccl is not None:
         _print_nccl_fit(nccl, target)
+        _print_interpolation(nccl)
 
 
 def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
@@ -326,6 +327,25 @@ def _print_nccl_fit(nccl: dict[str, Any], out: Path) -> None:
             for r in nccl["table"]
         ],
     )  # fmt: skip
+
+
+def _print_interpolation(nccl: dict[str, Any]) -> None:
+    """Per log: the fit's residuals, and which sizes at which GPU count `sim`/`plan` read off its rows."""
+    by_log: dict[str, list[dict[str, Any]]] = {}
+    for r in nccl["table"]:
+        by_log.setdefault(str(r["file"]), []).append(r)
+    for name, rows in by_log.items():
+        rel = [r["fitted_us"] / r["measured_us"] - 1 for r in rows]
+        rms = (sum(x * x for x in rel) / len(rel)) ** 0.5
+        nodes, p = int(rows[0]["nodes"]), int(rows[0]["world_size"])
+        sizes = sorted(int(r["bytes"]) for r in rows)
+        typer.echo(
+            f"{Path(name).name}: {p} GPUs on {nodes} node(s) x {p // nodes}: fit residuals rms {rms:.1%}, "
+            f"max {max(abs(x) for x in rel):.1%} over {len(rows)} sizes; `sim`/`plan` native at "
+            f"{nodes} x {p // nodes}: {format_size(sizes[0])}-{format_size(sizes[-1])} interpolated "
+            "(log-log) between these rows, other sizes the nearest row scaled by the fitted model"
+        )
+    typer.echo("other GPU counts and node shapes: the fitted NCCL model")
 
 
 def _residuals(levels: dict[str, Any]) -> str:

@@ -54,6 +54,10 @@ class MeasuredRows(Protocol):
 
     def describe(self, algorithm: str, cluster: Cluster, nbytes: int) -> str: ...
 
+    def reads(self, algorithm: str, cluster: Cluster) -> bool:
+        """Whether rows of `algorithm` were measured at the cluster's GPU count and node shape."""
+        ...
+
 
 @dataclass(frozen=True)
 class Cluster:

@@ -79,4 +79,8 @@ def _nccl_cluster(
         nccl_intra, nccl_inter = fitted.link, fitted.inter_link or fitted.link
     intra_link = parse_link(intra, INTRA) if intra else nccl_intra
     inter_link = parse_link(inter, INTER) if inter else nccl_inter
-    return Cluster(nodes, gpus_per_node, intra_link, inter_link, fitted.gamma_s_per_byte, nics, tuning)
+    # the logs' rows describe the logged hardware: a cluster with other links does not read them
+    measured = None if intra or inter or nics_per_node else MeasuredTimes.from_calibration(fitted)
+    return Cluster(
+        nodes, gpus_per_node, intra_link, inter_link, fitted.gamma_s_per_byte, nics, tuning, measured
+    )
