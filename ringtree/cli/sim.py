@@ -342,10 +342,15 @@ def _print_interpolation(nccl: dict[str, Any]) -> None:
         typer.echo(
             f"{Path(name).name}: {p} GPUs on {nodes} node(s) x {p // nodes}: fit residuals rms {rms:.1%}, "
             f"max {max(abs(x) for x in rel):.1%} over {len(rows)} sizes; `sim`/`plan` native at "
-            f"{nodes} x {p // nodes}: {format_size(sizes[0])}-{format_size(sizes[-1])} interpolated "
+            f"{nodes} x {p // nodes}: {_bytes(sizes[0])}-{_bytes(sizes[-1])} interpolated "
             "(log-log) between these rows, other sizes the nearest row scaled by the fitted model"
         )
     typer.echo("other GPU counts and node shapes: the fitted NCCL model")
+
+
+def _bytes(nbytes: int) -> str:
+    text = format_size(nbytes)
+    return f"{text}B" if text.isdigit() else text
 
 
 def _residuals(levels: dict[str, Any]) -> str:
