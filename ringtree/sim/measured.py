@@ -156,6 +156,8 @@ class MeasuredTimes:
 
     def source(self, algorithm: str, cluster: Cluster) -> Source:
         """The curve the plan reads for `algorithm` on `cluster` (its node shape, else the nearest)."""
+        if algorithm == "native" and self.nccl is not None:
+            return self._nccl_source(cluster)
         mine = [c for c in self.curves if c.algorithm == algorithm]
         if not mine:
             have = sorted({c.algorithm for c in self.curves})
@@ -200,6 +202,13 @@ class MeasuredTimes:
 
         curve = self.nccl_curve(cluster)
         return model(nbytes) if curve is None or cluster.ranks < 2 else curve.corrected(nbytes, model)
+
+    def _nccl_source(self, cluster: Cluster) -> Source:
+        shape = f"{cluster.nodes} x {cluster.gpus_per_node}"
+        curve = self.nccl_curve(cluster)
+        if curve is None:
+            return Source(None, f"no nccl-tests log at {shape}: native is priced by the fitted NCCL model")
+        return Source(curve, f"read off the nccl-tests rows at {shape} (the fitted NCCL model's shape)")
 
     def seconds(self, algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
         """One all-reduce of nbytes with `algorithm` on `cluster`, from the rows (see module doc)."""
