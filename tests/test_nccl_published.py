@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -53,3 +54,18 @@ def test_the_fill_is_in_the_time_but_not_in_nccls_pick() -> None:
     assert nccl_model.choose(s, 8, 1, 64 << 20).fill_us == 0  # one node: no network proxy
     ring = nccl_model.price(s, "ring", "Simple", 16, 2, 64 << 20)
     assert ring is not None and ring.fill_us == 0  # a ring streams from its first step
+
+
+def test_the_script_predicts_what_sim_prints(published: ModuleType, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ringtree.cli.app import app
+
+    out = tmp_path / "sim.json"
+    args = ["sim", "--cluster", "p5.48xlarge", "--nodes", "2", "--algorithm", "native", "--bytes", "1G"]
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())
+    (table,) = [t for t in published.TABLES if t.log == "h100-2x8-p5-efa.log"]
+    (mine,) = [r for r in published.compare(table) if r["bytes"] == 1 << 30]
+    assert row["time_s"] * 1e6 == pytest.approx(mine["predicted_us"], rel=1e-9)
