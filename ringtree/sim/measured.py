@@ -146,7 +146,7 @@ class MeasuredTimes:
         overall = Links.from_fit(fitted.links_dict())
         own = tuple((name, Links.from_fit(fit)) for name, fit in sorted(fitted.algorithms.items()))
         rows = [(r["algorithm"], int(r["nodes"]), int(r["ranks_per_node"]), r) for r in fitted.measured]
-        curves = _curves(rows, "time_s", "fit_rel_error")
+        curves = _curves(rows)
         tuning = nccl_fit.tuning(section) if nccl_curves else None
         return cls(overall, own, curves, tuning, nccl_curves)
 
@@ -256,13 +256,12 @@ def curves_from_nccl(section: dict[str, Any]) -> tuple[Curve, ...]:
           "fit_rel_error": r["fitted_us"] / r["measured_us"] - 1.0})
         for r in section["table"]
     ]  # fmt: skip
-    return _curves(rows, "time_s", "fit_rel_error")
+    return _curves(rows)
 
 
-def _curves(
-    rows: list[tuple[str, int, int, dict[str, Any]]], time_key: str, error_key: str
-) -> tuple[Curve, ...]:
-    """One curve per (algorithm, nodes, ranks per node): sizes ascending, the median time of
+def _curves(rows: list[tuple[str, int, int, dict[str, Any]]]) -> tuple[Curve, ...]:
+    """One curve per (algorithm, nodes, ranks per node) of (algorithm, nodes, ranks per node, row)
+    tuples whose rows hold bytes, time_s and fit_rel_error: sizes ascending, the median time of
     repeated sizes made non-decreasing, and the fit's residual there."""
     groups: dict[tuple[str, int, int], dict[int, list[dict[str, Any]]]] = {}
     for name, nodes, per_node, r in rows:
@@ -270,8 +269,8 @@ def _curves(
     curves = []
     for (name, nodes, per_node), by_size in sorted(groups.items()):
         sizes = sorted(by_size)
-        times = [statistics.median(float(r[time_key]) for r in by_size[n]) for n in sizes]
-        errors = [statistics.median(float(r.get(error_key, 0.0)) for r in by_size[n]) for n in sizes]
+        times = [statistics.median(float(r["time_s"]) for r in by_size[n]) for n in sizes]
+        errors = [statistics.median(float(r.get("fit_rel_error", 0.0)) for r in by_size[n]) for n in sizes]
         curves.append(Curve(name, nodes, per_node, tuple(sizes), nondecreasing(times), tuple(errors)))
     return tuple(curves)
 
