@@ -69,3 +69,16 @@ def test_the_script_predicts_what_sim_prints(published: ModuleType, tmp_path: Pa
     (table,) = [t for t in published.TABLES if t.log == "h100-2x8-p5-efa.log"]
     (mine,) = [r for r in published.compare(table) if r["bytes"] == 1 << 30]
     assert row["time_s"] * 1e6 == pytest.approx(mine["predicted_us"], rel=1e-9)
+
+
+def test_a_slower_nic_adds_its_latency_on_every_inter_node_step() -> None:
+    """NCCL's NET latencies describe InfiniBand: EFA (15 us against 2 us) adds 13 us per step."""
+    ib = nccl_model.system_for(preset_cluster("dgx-h100", 4))
+    efa = nccl_model.system_for(preset_cluster("p5.48xlarge", 4))
+    assert ib is not None and efa is not None
+    assert (ib.net_latency_us, efa.net_latency_us) == (0.0, pytest.approx(13.0))
+    for algorithm, steps in (("tree", 2 * 2), ("ring", 2 * 3)):  # 2 log2(4) and 2 (4 - 1)
+        _, inter_ib = nccl_model.latency(ib, algorithm, "LL", 32, 4)
+        _, inter_efa = nccl_model.latency(efa, algorithm, "LL", 32, 4)
+        assert inter_efa - inter_ib == pytest.approx(steps * 13.0)
+    assert nccl_model.latency(efa, "tree", "LL", 8, 1) == nccl_model.latency(ib, "tree", "LL", 8, 1)

@@ -83,6 +83,7 @@ NVLINK_BW_PER_LINK = {
     "blackwell": 40.1,
 }  # topo.h SMxx_NVLINK_BW
 MAX_CHANNELS = 32  # MAXCHANNELS
+IB_ALPHA_S = 2e-6  # the InfiniBand presets' latency, what NCCL's NET latencies describe
 NCCL_BUFFSIZE = 4 << 20  # DEFAULT_BUFFSIZE: staging buffer per channel and peer (Simple protocol)
 # search.cc: per-channel speeds the topology search tries, fastest first (Hopper, Blackwell).
 NVLS_SPEEDS_INTRA = {
@@ -210,7 +211,7 @@ def latency(s: NcclSystem, algorithm: str, protocol: str, p: int, nodes: int) ->
     j = PROTOCOLS.index(protocol)
     ppn = p // nodes
     intra_lat = HW_LAT[s.fabric][algorithm][j]
-    inter_lat = HW_LAT["net"]["tree" if ppn == 1 else algorithm][j]
+    inter_lat = HW_LAT["net"]["tree" if ppn == 1 else algorithm][j] + s.net_latency_us
     base = BASE_LAT[algorithm][j]
     if algorithm == "ring":
         nsteps, inter_steps = 2 * (p - 1), 2 * (nodes - 1)
@@ -324,16 +325,24 @@ def system_for(cluster: Cluster) -> NcclSystem | None:
         return None
     gen = generation_of(name) or "ampere"
     return system_from_links(
-        gen, fabric, cluster.intra.bandwidth_Bps, cluster.inter.bandwidth_Bps * cluster.nics_per_node
+        gen,
+        fabric,
+        cluster.intra.bandwidth_Bps,
+        cluster.inter.bandwidth_Bps * cluster.nics_per_node,
+        cluster.inter.alpha_s,
     )
 
 
-def system_from_links(gen: str, fabric: str, intra_Bps: float, inter_Bps: float) -> NcclSystem:
-    """NCCL's bus bandwidths from datasheet link rates.
+def system_from_links(
+    gen: str, fabric: str, intra_Bps: float, inter_Bps: float, nic_alpha_s: float = IB_ALPHA_S
+) -> NcclSystem:
+    """NCCL's bus bandwidths from datasheet link rates, and the NIC's latency beyond InfiniBand's.
 
     NVLink: NCCL counts 20 GB/s per A100 link of 25 (topo.h SM80_NVLINK_BW), so 0.8 of the
     datasheet rate, and runs two channels per link up to 32. PCIe: PCI_BW 12 GB/s for a Gen3 x16
-    of 15.75, so 0.76, on 2 channels. NICs at their line rate.
+    of 15.75, so 0.76, on 2 channels. NICs at their line rate. NCCL's NET latencies describe
+    InfiniBand (`IB_ALPHA_S`, the ib-hdr/ib-ndr presets' 2 us): a slower NIC (EFA's 15 us) adds
+    the difference to every inter-node step.
     """
     if fabric == "nvlink":
         per_link = NVLINK_BW_PER_LINK[gen]
@@ -342,7 +351,8 @@ def system_from_links(gen: str, fabric: str, intra_Bps: float, inter_Bps: float)
     else:
         bus, channels = intra_Bps / 1e9 * 12.0 / 15.75, 2
     nvls = fabric == "nvlink" and gen in ("hopper", "blackwell")
-    return NcclSystem(gen, fabric, bus, inter_Bps / 1e9, channels, nvls)
+    extra_us = max(0.0, (nic_alpha_s - IB_ALPHA_S) * 1e6)
+    return NcclSystem(gen, fabric, bus, inter_Bps / 1e9, channels, nvls, extra_us)
 
 
 def tuning_for(cluster: Cluster) -> NcclTuning | None:

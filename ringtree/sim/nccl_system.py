@@ -21,12 +21,17 @@ class NcclSystem:
     inter_bus_GBps: float  # the node's NICs together (NCCL counts a NIC at line rate / 8)
     channels: int
     nvls: bool = False  # NVLink SHARP (Hopper and later NVSwitch systems)
+    # The NIC's one-message latency beyond InfiniBand's, added to every inter-node step: NCCL's
+    # NET latencies are InfiniBand figures (EFA: 15 - 2 = 13 us; InfiniBand and RoCE: 0).
+    net_latency_us: float = 0.0
 
     def __post_init__(self) -> None:
         if self.generation not in GENERATIONS or self.fabric not in ("nvlink", "pci"):
             raise ValueError(f"unknown GPU generation {self.generation!r} or fabric {self.fabric!r}")
         if self.intra_bus_GBps <= 0 or self.inter_bus_GBps <= 0 or self.channels < 1:
             raise ValueError("NCCL system: bus bandwidths must be > 0 and channels >= 1")
+        if self.net_latency_us < 0:
+            raise ValueError(f"NCCL system: net_latency_us must be >= 0, got {self.net_latency_us}")
 
 
 @dataclass(frozen=True)

@@ -68,11 +68,13 @@ def _nccl_cluster(
     nics = nics_per_node or nics
     if intra or inter or nics_per_node:
         old = tuning.system
+        nic = parse_link(inter, INTER) if inter else nccl_inter
         system = system_from_links(
             old.generation,
             old.fabric,
             (parse_link(intra, INTRA) if intra else nccl_intra).bandwidth_Bps,
-            (parse_link(inter, INTER) if inter else nccl_inter).bandwidth_Bps * nics,
+            nic.bandwidth_Bps * nics,
+            nic.alpha_s,
         )
         tuning = NcclTuning(system, tuning.corrections)
     if fitted.nccl.get("links_from_bench"):
