@@ -154,10 +154,15 @@ def test_default_outputs_are_never_overwritten_silently(
     assert result.exit_code == 2 and "machine.json already exists" in flat(result.output)
     assert (tmp_path / "machine.json").read_text() == first
     assert runner.invoke(app, ["calibrate", bench, "--out", "machine.json"]).exit_code == 0  # named: replaced
-    (tmp_path / "sim-sweep.png").write_bytes(b"mine")
-    result = runner.invoke(app, ["sim", "--intra", "nvlink-a100", "--sweep", "sizes", "--max-bytes", "1M"])
-    assert result.exit_code == 2 and "--plot" in flat(result.output)
-    assert (tmp_path / "sim-sweep.png").read_bytes() == b"mine"
+
+
+def test_sim_sweep_writes_only_what_it_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["sim", "--cluster", "p5.48xlarge", "--nodes", "2", "--algorithm", "native", "--sweep", "sizes"]
+    result = runner.invoke(app, [*args, "--max-bytes", "1M", "--json", "out.json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # no picture unless --plot
+    assert len(json.loads((tmp_path / "out.json").read_text())) == 9  # 8 B .. 512 KiB, x4
 
 
 def test_calibration_json_is_strict_json(tmp_path: Path) -> None:

@@ -123,10 +123,12 @@ def test_mixed_bench_rows_and_nccl_logs_in_one_call(tmp_path: Path) -> None:
     assert data["alpha_s"] == pytest.approx(INTRA.alpha_s, rel=1e-3)
     assert data["nccl"]["fitted"] == ["latency_intra", "transfer_intra"]
     cluster = make_cluster(1, 4, calibration=machine)
-    ring = allreduce_time("ring", cluster, 1 << 20)  # ringtree's ring: the bench-fitted link
+    ring = allreduce_time("ring", cluster, 1 << 20, "closed-form")  # ringtree's ring: the bench-fitted link
     assert ring.seconds == pytest.approx(
         allreduce_time("ring", Cluster(1, 4, INTRA, INTRA, GAMMA), 1 << 20).seconds
     )
+    read = allreduce_time("ring", cluster, 1 << 20)  # rows measured at 1 x 4: read off them
+    assert read.method == "measured" and read.seconds == pytest.approx(ring.seconds, rel=0.15)
     assert allreduce_time("native", cluster, 1 << 20).method == "nccl-model"  # native: NCCL's model
     json.loads(machine.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
 

@@ -13,7 +13,6 @@ from ringtree.cli.output import check_output, print_table, write_json
 from ringtree.units import format_size, parse_size
 
 SWEEPS = ("sizes", "nodes")
-DEFAULT_PLOT = Path("sim-sweep.png")
 DEFAULT_CALIBRATION = Path("machine.json")
 # Replaying more ranks than this takes minutes (millions of messages): refused with a hint.
 REPLAY_MAX_RANKS = 1024
@@ -44,7 +43,7 @@ def sim(
     max_bytes: str = typer.Option("1G", help="Largest size of --sweep sizes."),
     json_path: Path | None = typer.Option(None, "--json", help="Write the rows as JSON here."),
     plot: Path | None = typer.Option(
-        None, help="PNG of a sweep (default: sim-sweep.png with --sweep, if no such file exists)."
+        None, help="Write a PNG of the sweep here (needs --sweep; no picture unless asked)."
     ),
 ) -> None:
     """Predict all-reduce time on a modelled cluster; --sweep over sizes or node counts.
@@ -87,17 +86,10 @@ def sim(
 
 
 def _plot_path(sweep: str | None, plot: Path | None) -> Path | None:
-    """Where a sweep's PNG goes: --plot, else the default name only when no such file exists yet."""
-    if sweep is None:
-        if plot is not None:
-            raise ValueError("--plot needs --sweep sizes or --sweep nodes (a single point has no plot)")
-        return None
-    if plot is None and DEFAULT_PLOT.exists():
-        raise ValueError(
-            f"{DEFAULT_PLOT} already exists and was not named; pass --plot FILE "
-            f"(or --plot {DEFAULT_PLOT} to replace it)"
-        )
-    return plot or DEFAULT_PLOT
+    """Where a sweep's PNG goes: only where --plot names it (nothing is written unasked)."""
+    if sweep is None and plot is not None:
+        raise ValueError("--plot needs --sweep sizes or --sweep nodes (a single point has no plot)")
+    return plot
 
 
 def _cluster(
@@ -245,6 +237,7 @@ def calibrate(
         _print_bench_fit(fitted, bench_rows, target)
     if nccl is not None:
         _print_nccl_fit(nccl, target)
+        _print_interpolation(nccl)
 
 
 def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
@@ -334,6 +327,30 @@ def _print_nccl_fit(nccl: dict[str, Any], out: Path) -> None:
             for r in nccl["table"]
         ],
     )  # fmt: skip
+
+
+def _print_interpolation(nccl: dict[str, Any]) -> None:
+    """Per log: the fit's residuals, and which sizes at which GPU count `sim`/`plan` read off its rows."""
+    by_log: dict[str, list[dict[str, Any]]] = {}
+    for r in nccl["table"]:
+        by_log.setdefault(str(r["file"]), []).append(r)
+    for name, rows in by_log.items():
+        rel = [r["fitted_us"] / r["measured_us"] - 1 for r in rows]
+        rms = (sum(x * x for x in rel) / len(rel)) ** 0.5
+        nodes, p = int(rows[0]["nodes"]), int(rows[0]["world_size"])
+        sizes = sorted(int(r["bytes"]) for r in rows)
+        typer.echo(
+            f"{Path(name).name}: {p} GPUs on {nodes} node(s) x {p // nodes}: fit residuals rms {rms:.1%}, "
+            f"max {max(abs(x) for x in rel):.1%} over {len(rows)} sizes; `sim`/`plan` native at "
+            f"{nodes} x {p // nodes}: {_bytes(sizes[0])}-{_bytes(sizes[-1])} interpolated "
+            "(log-log) between these rows, other sizes the nearest row scaled by the fitted model"
+        )
+    typer.echo("other GPU counts and node shapes: the fitted NCCL model")
+
+
+def _bytes(nbytes: int) -> str:
+    text = format_size(nbytes)
+    return f"{text}B" if text.isdigit() else text
 
 
 def _residuals(levels: dict[str, Any]) -> str:

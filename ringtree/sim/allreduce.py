@@ -1,7 +1,9 @@
 """One entry point for an all-reduce time: closed form, event replay, or the right one for the size.
 
 `native` on a GPU cluster is NCCL: it is priced by NCCL's own cost model (`nccl_model`), which
-also says which algorithm and protocol NCCL runs. Elsewhere `native` is torch's gloo ring.
+also says which algorithm and protocol NCCL runs. Elsewhere `native` is torch's gloo ring. Where a
+calibration measured the algorithm at the cluster's node shape, `auto` reads the time off those
+rows (`ringtree.sim.measured`: log-log between sizes, the model beyond them) and says "measured".
 """
 
 from __future__ import annotations
@@ -35,13 +37,21 @@ def allreduce_time(
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     name = check_algorithm(algorithm)
+    rows = cluster.measured if method == "auto" and cluster.ranks > 1 else None
+    measured = rows is not None and rows.reads(algorithm, cluster)
     if algorithm == "native" and method != "replay":
         tuning = nccl_model.tuning_for(cluster)
         if tuning is not None:
             seconds, choice = nccl_model.allreduce_seconds(tuning, cluster.ranks, cluster.nodes, nbytes)
+            if rows is not None and measured:
+                return Estimate(
+                    algorithm, rows.seconds(algorithm, cluster, nbytes, itemsize), "measured", choice.label
+                )
             return Estimate(algorithm, seconds, "nccl-model", choice.label)
+    if rows is not None and measured:
+        return Estimate(algorithm, rows.seconds(algorithm, cluster, nbytes, itemsize), "measured")
     if method == "auto":
         method = "replay" if cluster.ranks <= AUTO_REPLAY_MAX_RANKS else "closed-form"
     if method == "replay":
         return Estimate(algorithm, replay_all_reduce(name, cluster, nbytes, itemsize), method)
-    return Estimate(algorithm, estimate(name, cluster, nbytes, itemsize), method)
+    return Estimate(algorithm, estimate(algorithm, cluster, nbytes, itemsize), method)

@@ -170,6 +170,30 @@ def bfb(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
     return [AllToAll(block, True, 0, 1), AllToAll(block, False, 1, 2)]
 
 
+def rails(cluster: Cluster) -> int:
+    """How many NICs of a node one collective drives at once: NCCL runs a channel per rail."""
+    return max(1, min(cluster.nics_per_node, cluster.gpus_per_node)) if cluster.nodes > 1 else 1
+
+
+def native(cluster: Cluster, count: int, itemsize: int) -> list[Group]:
+    """NCCL's ring all-reduce: one ring per rail, each on its share of the buffer.
+
+    Ring r visits each node's GPUs starting at local rank r, so it leaves node k from local rank
+    r-1 and enters node k+1 at local rank r: every ring crosses between nodes on NICs of its own
+    (device j uses NIC j mod nics), and the node's NICs carry the traffic together. Inside a node
+    every GPU sends one block per ring and step through its one port, as the single ring's block.
+    With one NIC per node (or one node) this is the ring: gloo's and one-NIC clusters are unchanged.
+    """
+    r = rails(cluster)
+    if r == 1:
+        return ring(cluster, count, itemsize)
+    local, nodes = cluster.gpus_per_node, cluster.nodes
+    order = (np.arange(local)[None, :] + np.arange(r)[:, None]) % local  # order[ring, i]: local rank
+    rings = (np.arange(nodes)[None, :, None] * local + order[:, None, :]).reshape(r, nodes * local)
+    block = _ceil_div(_ceil_div(count, r), cluster.ranks) * itemsize
+    return _ring_groups(rings, block, 0, True, True)
+
+
 GROUPS: dict[str, Callable[[Cluster, int, int], list[Group]]] = {
     "ring": ring,
     "halving_doubling": halving_doubling,
@@ -186,7 +210,8 @@ ALONG_PATHS = frozenset({"tree", "double_tree", "ps", "halving_doubling"})
 
 
 def check_algorithm(algorithm: str) -> str:
-    """The simulated algorithm for a name; 'native' (torch's own all-reduce) is modelled as ring."""
+    """The schedule an algorithm name replays; 'native' (torch's own all-reduce) replays the ring
+    (its closed form, `native`, runs one ring per rail as NCCL does)."""
     if algorithm == "native":
         return "ring"
     if algorithm not in GROUPS:
@@ -202,4 +227,5 @@ def estimate(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -
     if count == 0 or cluster.ranks == 1:
         return 0.0
     name = check_algorithm(algorithm)
-    return total_time(GROUPS[name](cluster, count, itemsize), cluster, name in ALONG_PATHS)
+    groups = native if algorithm == "native" else GROUPS[name]
+    return total_time(groups(cluster, count, itemsize), cluster, name in ALONG_PATHS)

@@ -14,13 +14,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ringtree.sim.nccl_system import NcclTuning
 from ringtree.topology import LinkLevel, Topology
-
-if TYPE_CHECKING:
-    from ringtree.sim.measured import MeasuredTimes
-    from ringtree.sim.nccl_model import NcclTuning
 
 
 @dataclass(frozen=True)
@@ -47,6 +44,21 @@ class Link:
         return dataclasses.asdict(self)
 
 
+class MeasuredRows(Protocol):
+    """A calibration's measured all-reduce times as the planner reads them; implemented by
+    `ringtree.sim.measured.MeasuredTimes` (declared here so that the hardware model imports no model)."""
+
+    def seconds(self, algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float: ...
+
+    def residual(self, algorithm: str, cluster: Cluster, nbytes: int) -> float | None: ...
+
+    def describe(self, algorithm: str, cluster: Cluster, nbytes: int) -> str: ...
+
+    def reads(self, algorithm: str, cluster: Cluster) -> bool:
+        """Whether rows of `algorithm` were measured at the cluster's GPU count and node shape."""
+        ...
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Nodes x devices, an intra-node and an inter-node link, NICs per node, and reduction cost."""
@@ -62,7 +74,7 @@ class Cluster:
     nccl: NcclTuning | None = None
     # A calibration's measured all-reduce rows (ringtree.sim.measured): the planner reads its
     # all-reduce times off them at the planned size. None: the closed form on the links.
-    measured: MeasuredTimes | None = dataclasses.field(default=None, compare=False, repr=False)
+    measured: MeasuredRows | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:

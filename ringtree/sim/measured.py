@@ -14,6 +14,13 @@ time, f(X, n) the closed form of the algorithm on X with the algorithm's own fit
 
 A plan on other links than the calibrated ones (a named --inter, the bottleneck's free link) keeps
 the rows' correction, t(R, n) / f(R, n), and takes f(C, n) on its own links.
+
+nccl-tests logs price `native` (NCCL) with NCCL's fitted cost model f as the shape: at a GPU
+count and node shape a log holds, the time is f(C, n) x the rows' measured / fitted ratio,
+interpolated log-log between the two nearest sizes (the nearest row's ratio outside them), so
+every logged size is returned as measured and between rows the model's own kinks (protocol
+switches, the latency floor) carry the curve; at a shape no log holds, the fitted model alone
+(rows of another GPU count are not stretched to this one: the model fills the gap).
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from ringtree.sim import nccl_fit, nccl_model
 from ringtree.sim.closed_form import check_algorithm, estimate
 from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.nccl_system import NcclTuning
 
 _HUGE = 1e30  # bandwidth of a link with no transfer cost
 
@@ -93,6 +103,15 @@ class Curve:
         edge = fit(self.sizes[i])
         return self.seconds[i] * (fit(nbytes) / edge if edge > 0 else 1.0)
 
+    def corrected(self, nbytes: int, fit: Any) -> float:
+        """`fit(n)` times the rows' measured / fitted ratio, log-interpolated in size between the
+        rows around nbytes (the nearest row's ratio outside them): between rows the model's own
+        shape (a latency floor, a protocol switch) carries the curve, at every row the measurement."""
+        i, j, w = self.bracket(nbytes)
+        ratio_i = math.log(self.seconds[i] / fit(self.sizes[i]))
+        ratio_j = math.log(self.seconds[j] / fit(self.sizes[j]))
+        return float(fit(nbytes) * math.exp((1 - w) * ratio_i + w * ratio_j))
+
     def residual(self, nbytes: int) -> float:
         """|relative residual| of the fit at nbytes, interpolated in log size between the nearest rows."""
         i, j, w = self.bracket(nbytes)
@@ -114,29 +133,22 @@ class MeasuredTimes:
     overall: Links
     own: tuple[tuple[str, Links], ...]
     curves: tuple[Curve, ...]
+    nccl: NcclTuning | None = None  # the fitted NCCL model of nccl-tests logs, for `native`
+    nccl_curves: tuple[Curve, ...] = ()  # their rows, one curve per node shape
 
     @classmethod
     def from_calibration(cls, fitted: Any) -> MeasuredTimes | None:
         """From a `calibrate.Calibration`; None when it kept no measured rows (older files)."""
-        if not fitted.measured:
+        section = fitted.nccl
+        nccl_curves = curves_from_nccl(section) if section and section.get("table") else ()
+        if not fitted.measured and not nccl_curves:
             return None
         overall = Links.from_fit(fitted.links_dict())
         own = tuple((name, Links.from_fit(fit)) for name, fit in sorted(fitted.algorithms.items()))
-        groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
-        for r in fitted.measured:
-            groups.setdefault((r["algorithm"], int(r["nodes"]), int(r["ranks_per_node"])), []).append(r)
-        curves = []
-        for (name, nodes, per_node), rows in sorted(groups.items()):
-            rows.sort(key=lambda r: int(r["bytes"]))
-            curves.append(
-                Curve(
-                    name, nodes, per_node,
-                    tuple(int(r["bytes"]) for r in rows),
-                    nondecreasing([float(r["time_s"]) for r in rows]),
-                    tuple(float(r.get("fit_rel_error", 0.0)) for r in rows),
-                )
-            )  # fmt: skip
-        return cls(overall, own, tuple(curves))
+        rows = [(r["algorithm"], int(r["nodes"]), int(r["ranks_per_node"]), r) for r in fitted.measured]
+        curves = _curves(rows)
+        tuning = nccl_fit.tuning(section) if nccl_curves else None
+        return cls(overall, own, curves, tuning, nccl_curves)
 
     def links_for(self, algorithm: str) -> Links:
         """The algorithm's own fit, else the overall one."""
@@ -144,6 +156,8 @@ class MeasuredTimes:
 
     def source(self, algorithm: str, cluster: Cluster) -> Source:
         """The curve the plan reads for `algorithm` on `cluster` (its node shape, else the nearest)."""
+        if algorithm == "native" and self.nccl is not None:
+            return self._nccl_source(cluster)
         mine = [c for c in self.curves if c.algorithm == algorithm]
         if not mine:
             have = sorted({c.algorithm for c in self.curves})
@@ -166,19 +180,51 @@ class MeasuredTimes:
             )
         return Source(curve, how)
 
+    def reads(self, algorithm: str, cluster: Cluster) -> bool:
+        """Whether rows of `algorithm` were measured at the cluster's node shape."""
+        if algorithm == "native" and self.nccl is not None:
+            return self.nccl_curve(cluster) is not None
+        shape = (cluster.nodes, cluster.gpus_per_node)
+        return any(c.algorithm == algorithm and (c.nodes, c.per_node) == shape for c in self.curves)
+
+    def nccl_curve(self, cluster: Cluster) -> Curve | None:
+        """The nccl-tests rows at the cluster's node shape, if a log holds that shape."""
+        shape = (cluster.nodes, cluster.gpus_per_node)
+        return next((c for c in self.nccl_curves if (c.nodes, c.per_node) == shape), None)
+
+    def nccl_seconds(self, cluster: Cluster, nbytes: int) -> float:
+        """`native` from nccl-tests rows: interpolated at a shape a log holds, else the fitted model."""
+        assert self.nccl is not None
+        tuning = self.nccl
+
+        def model(n: int) -> float:
+            return nccl_model.allreduce_seconds(tuning, cluster.ranks, cluster.nodes, n)[0]
+
+        curve = self.nccl_curve(cluster)
+        return model(nbytes) if curve is None or cluster.ranks < 2 else curve.corrected(nbytes, model)
+
+    def _nccl_source(self, cluster: Cluster) -> Source:
+        shape = f"{cluster.nodes} x {cluster.gpus_per_node}"
+        curve = self.nccl_curve(cluster)
+        if curve is None:
+            return Source(None, f"no nccl-tests log at {shape}: native is priced by the fitted NCCL model")
+        return Source(curve, f"read off the nccl-tests rows at {shape} (the fitted NCCL model's shape)")
+
     def seconds(self, algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
         """One all-reduce of nbytes with `algorithm` on `cluster`, from the rows (see module doc)."""
-        name = check_algorithm(algorithm)
+        check_algorithm(algorithm)
+        if algorithm == "native" and self.nccl is not None:
+            return self.nccl_seconds(cluster, nbytes)
         own = self.links_for(algorithm)
         calibrated = (cluster.intra, cluster.inter) == (self.overall.intra, self.overall.inter)
         planned = own.on(cluster) if calibrated else cluster
-        model = estimate(name, planned, nbytes, itemsize)
+        model = estimate(algorithm, planned, nbytes, itemsize)
         curve = self.source(algorithm, cluster).curve
         if curve is None or model == 0:
             return model
         rows = own.on(cluster, curve.nodes, curve.per_node)
-        fitted = estimate(name, rows, nbytes, itemsize)
-        measured = curve.time(nbytes, lambda n: estimate(name, rows, n, itemsize))
+        fitted = estimate(algorithm, rows, nbytes, itemsize)
+        measured = curve.time(nbytes, lambda n: estimate(algorithm, rows, n, itemsize))
         return measured * model / fitted if fitted > 0 else model
 
     def residual(self, algorithm: str, cluster: Cluster, nbytes: int) -> float | None:
@@ -200,6 +246,33 @@ class MeasuredTimes:
             f"scaled by {'its own' if algorithm in dict(self.own) else 'the overall'} fit"
         )
         return f"all-reduce of {_size(nbytes)}: {src.note}, {where}"
+
+
+def curves_from_nccl(section: dict[str, Any]) -> tuple[Curve, ...]:
+    """The rows of an nccl-tests fit (its `table`) as `native` curves, one per node shape."""
+    rows = [
+        ("native", int(r["nodes"]), int(r["world_size"]) // int(r["nodes"]),
+         {"bytes": r["bytes"], "time_s": r["measured_us"] * 1e-6,
+          "fit_rel_error": r["fitted_us"] / r["measured_us"] - 1.0})
+        for r in section["table"]
+    ]  # fmt: skip
+    return _curves(rows)
+
+
+def _curves(rows: list[tuple[str, int, int, dict[str, Any]]]) -> tuple[Curve, ...]:
+    """One curve per (algorithm, nodes, ranks per node) of (algorithm, nodes, ranks per node, row)
+    tuples whose rows hold bytes, time_s and fit_rel_error: sizes ascending, the median time of
+    repeated sizes made non-decreasing, and the fit's residual there."""
+    groups: dict[tuple[str, int, int], dict[int, list[dict[str, Any]]]] = {}
+    for name, nodes, per_node, r in rows:
+        groups.setdefault((name, nodes, per_node), {}).setdefault(int(r["bytes"]), []).append(r)
+    curves = []
+    for (name, nodes, per_node), by_size in sorted(groups.items()):
+        sizes = sorted(by_size)
+        times = [statistics.median(float(r["time_s"]) for r in by_size[n]) for n in sizes]
+        errors = [statistics.median(float(r.get("fit_rel_error", 0.0)) for r in by_size[n]) for n in sizes]
+        curves.append(Curve(name, nodes, per_node, tuple(sizes), nondecreasing(times), tuple(errors)))
+    return tuple(curves)
 
 
 def nondecreasing(values: list[float]) -> tuple[float, ...]:
@@ -226,6 +299,5 @@ def allreduce_seconds(algorithm: str, cluster: Cluster, nbytes: int, itemsize: i
     """The planner's all-reduce time: from the cluster's measured rows when it has them, else the
     closed form."""
     if cluster.measured is not None:
-        table: MeasuredTimes = cluster.measured
-        return table.seconds(algorithm, cluster, nbytes, itemsize)
-    return estimate(check_algorithm(algorithm), cluster, nbytes, itemsize)
+        return cluster.measured.seconds(algorithm, cluster, nbytes, itemsize)
+    return estimate(algorithm, cluster, nbytes, itemsize)

@@ -17,7 +17,7 @@ import numpy as np
 from ringtree.sim import nccl_model
 from ringtree.sim.calibrate import LevelFit, level_fits, nonnegative_lstsq
 from ringtree.sim.hardware import Link
-from ringtree.sim.nccl_model import Corrections, NcclSystem, NcclTuning
+from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
 from ringtree.sim.presets import INTER, INTRA
 
 # Intra-node link by GPU generation (SXM parts: NVLink; PCIe parts: their PCIe generation).
@@ -45,7 +45,7 @@ def hardware(
     per_node = max((int(r["ranks_per_node"]) for r in rows), default=1)
     n_nics = nics if nics is not None else per_node  # DGX/HGX-style: one NIC per GPU
     system = nccl_model.system_from_links(
-        gen, "pci" if pcie else "nvlink", intra.bandwidth_Bps, nic.bandwidth_Bps * n_nics
+        gen, "pci" if pcie else "nvlink", intra.bandwidth_Bps, nic.bandwidth_Bps * n_nics, nic.alpha_s
     )
     return intra, nic, n_nics, system
 

@@ -15,15 +15,16 @@ NCCL's (NCCL picks by its model, not by the measured times).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from ringtree.sim.hardware import Cluster
+from ringtree.sim.hardware import Cluster
+from ringtree.sim.nccl_system import GENERATIONS as GENERATIONS  # re-exported: callers of the model
+from ringtree.sim.nccl_system import Corrections as Corrections
+from ringtree.sim.nccl_system import NcclSystem as NcclSystem
+from ringtree.sim.nccl_system import NcclTuning as NcclTuning
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
-GENERATIONS = ("volta", "ampere", "hopper", "blackwell")
 
 # baseLatencies[algorithm][protocol] (tuning.cc)
 BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0)}
@@ -82,6 +83,8 @@ NVLINK_BW_PER_LINK = {
     "blackwell": 40.1,
 }  # topo.h SMxx_NVLINK_BW
 MAX_CHANNELS = 32  # MAXCHANNELS
+IB_ALPHA_S = 2e-6  # the InfiniBand presets' latency, what NCCL's NET latencies describe
+NCCL_BUFFSIZE = 4 << 20  # DEFAULT_BUFFSIZE: staging buffer per channel and peer (Simple protocol)
 # search.cc: per-channel speeds the topology search tries, fastest first (Hopper, Blackwell).
 NVLS_SPEEDS_INTRA = {
     "volta": (3.0,), "ampere": (3.0,),
@@ -98,42 +101,6 @@ NVLS_SPEEDS_INTER = {
 
 
 @dataclass(frozen=True)
-class NcclSystem:
-    """What NCCL's topology search finds: GPU generation, fabric, bus bandwidths, channels."""
-
-    generation: str  # volta | ampere | hopper | blackwell
-    fabric: str  # nvlink | pci
-    intra_bus_GBps: float  # graph bwIntra x nChannels: one GPU through its node's fabric
-    inter_bus_GBps: float  # the node's NICs together (NCCL counts a NIC at line rate / 8)
-    channels: int
-    nvls: bool = False  # NVLink SHARP (Hopper and later NVSwitch systems)
-
-    def __post_init__(self) -> None:
-        if self.generation not in GENERATIONS or self.fabric not in ("nvlink", "pci"):
-            raise ValueError(f"unknown GPU generation {self.generation!r} or fabric {self.fabric!r}")
-        if self.intra_bus_GBps <= 0 or self.inter_bus_GBps <= 0 or self.channels < 1:
-            raise ValueError("NCCL system: bus bandwidths must be > 0 and channels >= 1")
-
-
-@dataclass(frozen=True)
-class Corrections:
-    """Measured / NCCL-model factors: latency of each level, transfer term of each level."""
-
-    latency_intra: float = 1.0
-    latency_inter: float = 1.0
-    transfer_intra: float = 1.0
-    transfer_inter: float = 1.0
-
-
-@dataclass(frozen=True)
-class NcclTuning:
-    """A system and the corrections fitted to it (all 1.0 when uncalibrated)."""
-
-    system: NcclSystem
-    corrections: Corrections = field(default_factory=Corrections)
-
-
-@dataclass(frozen=True)
 class Choice:
     """One (algorithm, protocol) priced NCCL's way, with its latency split by level."""
 
@@ -143,6 +110,7 @@ class Choice:
     latency_inter_us: float
     transfer_us: float
     level: str  # which level's bandwidth the transfer term is: intra (1 node) or inter
+    fill_us: float = 0.0  # network pipeline fill (`pipeline_fill_us`): in the time, not in NCCL's pick
 
     @property
     def label(self) -> str:
@@ -160,7 +128,7 @@ class Choice:
             self.latency_intra_us,
             self.latency_inter_us,
             self.transfer_us if intra else 0.0,
-            0.0 if intra else self.transfer_us,
+            0.0 if intra else self.transfer_us + self.fill_us,
         )
 
     def time_us(self, c: Corrections) -> float:
@@ -243,7 +211,7 @@ def latency(s: NcclSystem, algorithm: str, protocol: str, p: int, nodes: int) ->
     j = PROTOCOLS.index(protocol)
     ppn = p // nodes
     intra_lat = HW_LAT[s.fabric][algorithm][j]
-    inter_lat = HW_LAT["net"]["tree" if ppn == 1 else algorithm][j]
+    inter_lat = HW_LAT["net"]["tree" if ppn == 1 else algorithm][j] + s.net_latency_us
     base = BASE_LAT[algorithm][j]
     if algorithm == "ring":
         nsteps, inter_steps = 2 * (p - 1), 2 * (nodes - 1)
@@ -270,7 +238,24 @@ def price(s: NcclSystem, algorithm: str, protocol: str, p: int, nodes: int, nbyt
         plateau = 1.9 if s.generation == "volta" else 1.4  # "plateau effect of ring"
         lat_intra, lat_inter = lat_intra * plateau, lat_inter * plateau
     level = "intra" if nodes == 1 else "inter"
-    return Choice(algorithm, protocol, lat_intra, lat_inter, nbytes / (1000 * bw), level)
+    fill = pipeline_fill_us(s, algorithm, p, nodes, nbytes, bw) if protocol == "Simple" else 0.0
+    return Choice(algorithm, protocol, lat_intra, lat_inter, nbytes / (1000 * bw), level, fill)
+
+
+def pipeline_fill_us(s: NcclSystem, algorithm: str, p: int, nodes: int, nbytes: int, bw: float) -> float:
+    """Time a tree across nodes takes to fill its network pipeline before it streams at `bw`, in us.
+
+    A tree reduces up to the root before the broadcast comes down, and across nodes NCCL's proxy
+    stages each channel's Simple-protocol data in a buffer of NCCL_BUFFSIZE (4 MiB) per peer: the
+    first min(n, channels x buffer) bytes go up before results stream back, so they cost their
+    transfer time once more. A ring streams from its first step (no fill); LL and LL128 hand on
+    every line as it lands; one node has no network proxy. NCCL's model, which picks the
+    algorithm, has no such term: the pick stays NCCL's, the time includes it.
+    """
+    if nodes == 1 or algorithm not in ("tree", "nvls_tree"):
+        return 0.0
+    channels = _nvls_graph(s, p // nodes, nodes)[0] if algorithm == "nvls_tree" else s.channels
+    return min(nbytes, NCCL_BUFFSIZE * channels) / (1000 * bw)
 
 
 def candidates(s: NcclSystem, p: int, nodes: int, nbytes: int) -> list[Choice]:
@@ -340,16 +325,24 @@ def system_for(cluster: Cluster) -> NcclSystem | None:
         return None
     gen = generation_of(name) or "ampere"
     return system_from_links(
-        gen, fabric, cluster.intra.bandwidth_Bps, cluster.inter.bandwidth_Bps * cluster.nics_per_node
+        gen,
+        fabric,
+        cluster.intra.bandwidth_Bps,
+        cluster.inter.bandwidth_Bps * cluster.nics_per_node,
+        cluster.inter.alpha_s,
     )
 
 
-def system_from_links(gen: str, fabric: str, intra_Bps: float, inter_Bps: float) -> NcclSystem:
-    """NCCL's bus bandwidths from datasheet link rates.
+def system_from_links(
+    gen: str, fabric: str, intra_Bps: float, inter_Bps: float, nic_alpha_s: float = IB_ALPHA_S
+) -> NcclSystem:
+    """NCCL's bus bandwidths from datasheet link rates, and the NIC's latency beyond InfiniBand's.
 
     NVLink: NCCL counts 20 GB/s per A100 link of 25 (topo.h SM80_NVLINK_BW), so 0.8 of the
     datasheet rate, and runs two channels per link up to 32. PCIe: PCI_BW 12 GB/s for a Gen3 x16
-    of 15.75, so 0.76, on 2 channels. NICs at their line rate.
+    of 15.75, so 0.76, on 2 channels. NICs at their line rate. NCCL's NET latencies describe
+    InfiniBand (`IB_ALPHA_S`, the ib-hdr/ib-ndr presets' 2 us): a slower NIC (EFA's 15 us) adds
+    the difference to every inter-node step.
     """
     if fabric == "nvlink":
         per_link = NVLINK_BW_PER_LINK[gen]
@@ -358,7 +351,8 @@ def system_from_links(gen: str, fabric: str, intra_Bps: float, inter_Bps: float)
     else:
         bus, channels = intra_Bps / 1e9 * 12.0 / 15.75, 2
     nvls = fabric == "nvlink" and gen in ("hopper", "blackwell")
-    return NcclSystem(gen, fabric, bus, inter_Bps / 1e9, channels, nvls)
+    extra_us = max(0.0, (nic_alpha_s - IB_ALPHA_S) * 1e6)
+    return NcclSystem(gen, fabric, bus, inter_Bps / 1e9, channels, nvls, extra_us)
 
 
 def tuning_for(cluster: Cluster) -> NcclTuning | None:

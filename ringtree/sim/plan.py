@@ -241,9 +241,10 @@ def tp_group(cluster: Cluster, tp: int, spread: bool = False) -> Cluster:
         return Cluster(1, tp, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
     if tp % cluster.gpus_per_node:
         raise ValueError(f"tp={tp} must divide or be a multiple of the {cluster.gpus_per_node} GPUs per node")
-    return Cluster(
-        tp // cluster.gpus_per_node, cluster.gpus_per_node, cluster.intra, cluster.inter, cluster.gamma
-    )
+    return Cluster(  # spans nodes: every NIC of a node serves it (NCCL runs a channel per rail)
+        tp // cluster.gpus_per_node, cluster.gpus_per_node, cluster.intra, cluster.inter, cluster.gamma,
+        cluster.nics_per_node,
+    )  # fmt: skip
 
 
 def dp_group(cluster: Cluster, tp: int, dp: int) -> Cluster:
@@ -271,11 +272,11 @@ def predict(
     work: StepWork, cluster: Cluster, algorithm: str = "ring", layout: Layout = Layout()
 ) -> StepPrediction:
     """The predicted time of one optimizer step of `work` laid out as `layout` on `cluster`."""
-    name = check_algorithm(algorithm)
+    check_algorithm(algorithm)
     dp = layout.dp(cluster.ranks)
     m, tp, pp = work.micro_batches, layout.tp, layout.pp
     group = tp_group(cluster, tp, layout.spread_tp) if tp > 1 else None
-    one_tp = estimate(name, group, work.tp_bytes, work.itemsize) if group and work.tp_bytes else 0.0
+    one_tp = estimate(algorithm, group, work.tp_bytes, work.itemsize) if group and work.tp_bytes else 0.0
     forward = work.forward_s + work.tp_forward * one_tp
     backward = work.backward_s + work.tp_backward * one_tp
     busy = m * (forward + backward)

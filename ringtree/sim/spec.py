@@ -8,7 +8,8 @@ from pathlib import Path
 from ringtree.sim import calibrate, nccl_fit
 from ringtree.sim.hardware import Cluster, parse_link
 from ringtree.sim.measured import MeasuredTimes
-from ringtree.sim.nccl_model import NcclTuning, system_from_links
+from ringtree.sim.nccl_model import system_from_links
+from ringtree.sim.nccl_system import NcclTuning
 from ringtree.sim.presets import INTER, INTRA
 
 
@@ -67,15 +68,21 @@ def _nccl_cluster(
     nics = nics_per_node or nics
     if intra or inter or nics_per_node:
         old = tuning.system
+        nic = parse_link(inter, INTER) if inter else nccl_inter
         system = system_from_links(
             old.generation,
             old.fabric,
             (parse_link(intra, INTRA) if intra else nccl_intra).bandwidth_Bps,
-            (parse_link(inter, INTER) if inter else nccl_inter).bandwidth_Bps * nics,
+            nic.bandwidth_Bps * nics,
+            nic.alpha_s,
         )
         tuning = NcclTuning(system, tuning.corrections)
     if fitted.nccl.get("links_from_bench"):
         nccl_intra, nccl_inter = fitted.link, fitted.inter_link or fitted.link
     intra_link = parse_link(intra, INTRA) if intra else nccl_intra
     inter_link = parse_link(inter, INTER) if inter else nccl_inter
-    return Cluster(nodes, gpus_per_node, intra_link, inter_link, fitted.gamma_s_per_byte, nics, tuning)
+    # the logs' rows describe the logged hardware: a cluster with other links does not read them
+    measured = None if intra or inter or nics_per_node else MeasuredTimes.from_calibration(fitted)
+    return Cluster(
+        nodes, gpus_per_node, intra_link, inter_link, fitted.gamma_s_per_byte, nics, tuning, measured
+    )
