@@ -88,12 +88,13 @@ def model_flops(row: dict[str, Any], formula: str) -> float:
 
 def measured_step_s(row: dict[str, Any]) -> float | None:
     """The published figure as seconds per iteration, or None where it cannot be converted."""
-    meas, gpus = row["measured"], row["system"]["gpus"]
+    meas, gpus = row["measured"], int(row["system"]["gpus"])
     metric, value = meas["metric"], float(meas["value"])
     if metric == "step_s":
         return value
     if metric == "tokens_per_s_per_gpu":
-        return row["training"]["global_batch"] * row["model"]["seq"] / (value * gpus)
+        tokens = int(row["training"]["global_batch"]) * int(row["model"]["seq"])
+        return tokens / (value * gpus)
     if "flops" not in meas:
         return None
     flops = model_flops(row, meas["flops"])
@@ -161,7 +162,7 @@ def run_row(row: dict[str, Any]) -> dict[str, Any]:
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Median, max and mean |error| over the rows that ran, and the counts."""
     errors = [abs(r["error"]) for r in results if r["status"] == "ok"]
-    stats = {"rows": len(results), "compared": len(errors)}
+    stats: dict[str, Any] = {"rows": len(results), "compared": len(errors)}
     stats["not_supported"] = sum(r["status"] == "not supported" for r in results)
     stats["failed"] = sum(r["status"] == "failed" for r in results)
     if errors:
