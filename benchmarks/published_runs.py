@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,8 @@ def markdown(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
     if s["compared"]:
         out[-1] += f": median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}, "
         out[-1] += f"mean |error| {s['mean_abs_error']:.1%}, mean signed {s['mean_error']:+.1%}"
+    reasons = Counter(r["reason"] for r in results if r["status"] != "ok")
+    out += [f"- {reason} ({n} rows)" for reason, n in reasons.most_common()]
     return "\n".join(out) + "\n"
 
 

@@ -172,7 +172,8 @@ def test_refusals_are_reported_not_raised() -> None:
     stats = b.summary(results)
     assert stats["compared"] == 2 and stats["not_supported"] == 1
     assert stats["median_abs_error"] == pytest.approx((0.1 + 0.075) / 2)
-    assert "2 of 3 rows compared" in b.markdown(data(), results)
+    table = b.markdown(data(), results)
+    assert "2 of 3 rows compared" in table and "- No such option: --kv-heads (1 rows)" in table
 
 
 @pytest.mark.timeout(120)
