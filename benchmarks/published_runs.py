@@ -13,11 +13,12 @@ are read from its JSON. A row whose options the planner refuses (exit code 2: an
 not know yet, or a layout it rejects) is reported as "not supported" with the planner's sentence.
 
 The error is a step-time error, signed, + when the planner predicts the longer step. Where the
-source published a step time it is compared directly; tokens/s per GPU converts exactly (global
-batch x sequence / (tokens/s x GPUs)); TFLOP/s and MFU convert with the source's own FLOP count
-where it states it (the row's `measured.flops`); otherwise (the Llama 3 paper's TFLOP/s,
-Korthikanti et al.'s MFU) the published figure is compared with the planner's own `tflops_per_gpu`
-or `mfu`, and the error is measured / predicted - 1, the step-time ratio that figure implies.
+source published a step time it is compared directly; tokens/s converts exactly (global batch x
+sequence / tokens/s, or / (tokens/s x GPUs) when published per GPU); TFLOP/s and MFU convert
+with the source's own FLOP count where it states it (the row's `measured.flops`); otherwise (the
+Llama 3 paper's TFLOP/s, Korthikanti et al.'s MFU) the published figure is compared with the
+planner's own `tflops_per_gpu` or `mfu`, and the error is measured / predicted - 1, the
+step-time ratio that figure implies.
 
 Pure arithmetic on any machine (a few seconds per row):
 
@@ -93,8 +94,10 @@ def measured_step_s(row: dict[str, Any]) -> float | None:
     metric, value = meas["metric"], float(meas["value"])
     if metric == "step_s":
         return value
+    tokens = int(row["training"]["global_batch"]) * int(row["model"]["seq"])
+    if metric == "tokens_per_s":  # the whole job's
+        return tokens / value
     if metric == "tokens_per_s_per_gpu":
-        tokens = int(row["training"]["global_batch"]) * int(row["model"]["seq"])
         return tokens / (value * gpus)
     if "flops" not in meas:
         return None

@@ -16,7 +16,7 @@ from ringtree.sim.clusters import CLUSTERS
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "published_runs.py"
 # presets another helper is adding (issue 21); the dataset may name them before they land
 COMING_PRESETS = {"dgx-h200", "dgx-b200"}
-METRICS = {"step_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"}
+METRICS = {"step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"}
 
 
 @cache
@@ -120,6 +120,8 @@ def test_conversions_to_a_step_time() -> None:
     b = bench()
     # tokens/s per GPU: 16 sequences of 8192 tokens on 8 GPUs at 5,762 tokens/s each
     assert b.measured_step_s(row("torchtitan-h100-llama3.1-8b-8gpu")) == pytest.approx(16 * 8192 / (5762 * 8))
+    # tokens/s of the whole job: 2048 sequences of 2048 tokens at 7,500 tokens/s
+    assert b.measured_step_s(row("nemo-megatron-a100-gpt3-175b-64gpu")) == pytest.approx(2048 * 2048 / 7500)
     # Megatron-Core's count for the 1.7B GPT (h 2048, 24 layers, s 4096, V 131072, batch 192):
     # 12 B s L h^2 (2 + s/h + 4 + V / (2 L h)), at 408.8 TFLOP/s on 48 GPUs
     flops = 12 * 192 * 4096 * 24 * 2048**2 * (2 + 2 + 4 + 131072 / (2 * 24 * 2048))
