@@ -13,7 +13,7 @@ from ringtree.cli.app import app
 from ringtree.sim import INTER, INTRA, Cluster, Link
 from ringtree.sim.clusters import CLUSTERS, get, preset_cluster
 from ringtree.sim.explain import level_bounds, seed_derivation
-from ringtree.sim.pipeline import predict_pipeline
+from ringtree.sim.plan import predict_pipeline
 from ringtree.sim.plan import Layout, StepConfig, StepWork, predict, predict_step, with_run_wait
 from ringtree.sim.transformer import Training, Transformer, activation_bytes_per_layer, memory, plan
 

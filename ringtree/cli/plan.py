@@ -218,7 +218,7 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
 def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, activation_mb: float) -> Any:
     """The pipeline step replayed over the intra-node link (the inter-node one when pp spans nodes)."""
     from ringtree.schedules.pipeline import check_pipeline
-    from ringtree.sim.pipeline import predict_pipeline
+    from ringtree.sim.plan import predict_pipeline
 
     try:
         check_pipeline(pp, m, schedule, "params")
