@@ -99,9 +99,9 @@ def test_plan_reference_case_json_and_plot(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     plan = json.loads(out.read_text())
     assert plan["algorithm"] == "ring" and plan["recommended_algorithm"] == "hierarchical"
-    assert 0.26 <= plan["allreduce_time_s"] <= 0.275
-    assert plan["step_time_s"] == pytest.approx(0.675, abs=0.01)
-    assert plan["compute_time_s"] == 0.4
+    assert 0.26 <= plan["dp_allreduce_s"] <= 0.275
+    assert plan["step_s"] == pytest.approx(0.675, abs=0.01)
+    assert plan["breakdown"]["compute_s"] == 0.4
     assert plan["speedup_vs_one_node"] == pytest.approx(1.86, abs=0.03)
     assert plan["scaling_efficiency"] == pytest.approx(plan["speedup_vs_one_node"] / 3)
     assert png.stat().st_size > 1000

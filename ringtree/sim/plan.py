@@ -20,8 +20,11 @@ model of `ringtree.sim.transformer`). One step (one optimizer update), per devic
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
 from ringtree.sim.closed_form import ALGORITHMS, check_algorithm
@@ -297,8 +300,16 @@ def collective_s(kind: str, algorithm: str, group: Cluster | None, nbytes: int, 
     as ring, halving-doubling and NCCL run it (nccl-tests' bus-bandwidth factors, 2(p-1)/p vs (p-1)/p)."""
     if group is None or group.ranks == 1 or nbytes <= 0:
         return 0.0
-    seconds = allreduce_seconds(algorithm, group, nbytes, itemsize)
+    if group.measured is None and group.nccl is None:  # the closed form depends on these fields only
+        seconds = _closed_form_s(algorithm, group, nbytes, itemsize)
+    else:
+        seconds = allreduce_seconds(algorithm, group, nbytes, itemsize)
     return seconds if kind == "all_reduce" else seconds / 2
+
+
+@functools.lru_cache(maxsize=4096)
+def _closed_form_s(algorithm: str, group: Cluster, nbytes: int, itemsize: int) -> float:
+    return allreduce_seconds(algorithm, group, nbytes, itemsize)
 
 
 @dataclass(frozen=True)
@@ -343,6 +354,10 @@ def _pipeline_s(work: StepWork, layout: Layout, link: Link, forward: float, back
     return busy + ideal / v + v * messages
 
 
+def _sizes(work: StepWork) -> list[int]:
+    return buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
+
+
 def _reduce_s(work: StepWork, layout: Layout, group: Cluster, algorithm: str) -> tuple[float, list[float]]:
     """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter."""
     kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
@@ -375,11 +390,11 @@ def predict(
     bubble = makespan - busy
     makespan += work.sync_wait_s
     reduce_s, times = _reduce_s(work, layout, g.dp, algorithm)
-    if work.overlap:
-        end, produced = 0.0, 0
-        for size, seconds in zip(buckets(work.grad_bytes, work.itemsize, work.bucket_mb), times, strict=True):
-            produced += size
-            end = max(end, makespan - backward + backward * produced / work.grad_bytes) + seconds
+    if work.overlap and times:
+        # bucket i starts once the last backward has produced it and bucket i-1 is done, so the last
+        # ends at max over i of (bucket i's start + the times of buckets i..k)
+        ready = makespan - backward + backward * np.cumsum(_sizes(work)) / work.grad_bytes
+        end = float(np.max(ready + np.cumsum(times[::-1])[::-1]))
         exposed = max(makespan, end) - makespan
     else:
         exposed = reduce_s
@@ -435,10 +450,8 @@ def _zero_param_gather_s(
     --overlap-param-gather) behind the next step's forwards, else exposed."""
     if layout.zero not in (1, 2):
         return 0.0
-    total = sum(
-        collective_s("all_gather", algorithm, group, n, work.itemsize)
-        for n in buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
-    )
+    sizes = buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
+    total = sum(collective_s("all_gather", algorithm, group, n, work.itemsize) * sizes.count(n) for n in set(sizes))
     return max(0.0, total - hidden_behind_s) if work.overlap else total
 
 
