@@ -486,7 +486,8 @@ def _transformer(
             if recompute is not None and recompute not in RECOMPUTE:
                 raise ValueError(f"unknown --recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
             modes = RECOMPUTE if recompute is None else (recompute,)
-            rows = search_layouts(shape, global_batch, cluster, gpu, dtype, modes, chosen)
+            found = search_layouts(shape, global_batch, cluster, gpu, dtype, modes, chosen)
+            rows = found.rows
             if not rows:
                 raise ValueError(
                     f"no layout of this model fits {cluster.ranks} x {gpu.name}: add nodes or shrink the model"
@@ -501,13 +502,12 @@ def _transformer(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _print_transformer(rows, shape, cluster, gpu, search)
-    reason = why(rows) if search else ""
-    if reason:
-        console.print(f"why: {reason}", highlight=False)
+    searched = {}
+    if search:
+        searched = {"layouts_fit": found.fitted, "why": why(found), "configurations": [r.as_dict() for r in rows[:10]]}
+        console.print(f"why: {searched['why']}", highlight=False)
     if json_path is not None:
-        best = rows[0].as_dict()
-        top = {"layouts_fit": len(rows), "why": reason, "configurations": [r.as_dict() for r in rows[:10]]}
-        write_json(json_path, {**best, **top} if search else best)
+        write_json(json_path, {**rows[0].as_dict(), **searched})
 
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:

@@ -4,13 +4,15 @@ The space is TP (powers of two inside a node, dividing the heads) x CP (1, 2, 4,
 x PP (dividing the layers) x DP (the rest) x virtual stages (1, 2, 4) x ZeRO (0-3) x sequence
 parallelism x micro-batch (1, 2, 4, 8) x recompute. A first pass prices every layout with the
 pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again with the replayed
-pipeline and ranked by that.
+pipeline and ranked by that. Sequence parallelism is always on with TP (the same traffic as the
+all-reduces, less memory and elementwise time), and each layout takes the lowest ZeRO stage that fits.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ringtree.sim.clusters import GPU
 from ringtree.sim.hardware import Cluster
@@ -43,13 +45,22 @@ def candidates(
     only in the ZeRO stage (0 to 3: each slower or as fast, and smaller)."""
     for t, c, p in _degrees(model, cluster):
         dp = cluster.ranks // (t * c * p)
-        for v, sp, b, r in itertools.product(VIRTUAL, (False, True), MICRO_BATCHES, recompute):
-            if global_batch % (dp * b) or (sp and t == 1) or (v > 1 and (p == 1 or model.layers % (p * v))):
+        sp = t > 1  # the all-reduce's traffic, less memory and elementwise time: always taken
+        for v, b, r in itertools.product(VIRTUAL, MICRO_BATCHES, recompute):
+            if global_batch % (dp * b) or (v > 1 and (p == 1 or model.layers % (p * v))):
                 continue
             if v > 1 and (global_batch // (dp * b)) % p:
                 continue
             stages = (0, 1, 2, 3) if dp * c > 1 else (0,)  # nothing to shard over a single rank
             yield [Training(global_batch, b, t, p, dtype, r, True, 25.0, "1f1b", c, v, sp, z) for z in stages]
+
+
+@dataclass(frozen=True)
+class Found:
+    """The search's answer: the fastest layouts (replayed), fastest first, and how many fit."""
+
+    rows: list[StepPrediction]
+    fitted: int
 
 
 def search(
@@ -60,8 +71,8 @@ def search(
     dtype: str = "bf16",
     recompute: tuple[str, ...] = RECOMPUTE,
     algorithm: str = "ring",
-) -> list[StepPrediction]:
-    """Every layout that fits in memory with the least ZeRO sharding it needs, fastest first
+) -> Found:
+    """The fastest layouts that fit in memory, each with the least ZeRO sharding it needs
     (gradient reduction overlapped, as today's runs do)."""
     rough = []
     for group in candidates(model, global_batch, cluster, dtype, recompute):
@@ -73,9 +84,7 @@ def search(
             rough.append((step, run))
     rough.sort(key=lambda x: x[0])
     exact = [plan(model, run, cluster, gpu, algorithm) for _, run in rough[:REPLAYED]]
-    return sorted(exact, key=lambda row: row.step_s) + [
-        plan(model, run, cluster, gpu, algorithm, fast=True) for _, run in rough[REPLAYED:]
-    ]
+    return Found(sorted(exact, key=lambda row: row.step_s), len(rough))
 
 
 _WORDS = {"tp": "TP", "cp": "CP", "pp": "PP", "dp": "DP", "virtual_stages": "virtual stages",
@@ -90,12 +99,13 @@ def _layout(row: StepPrediction) -> dict[str, object]:
             "recompute": t["recompute"]}  # fmt: skip
 
 
-def why(rows: list[StepPrediction]) -> str:
+def why(found: Found) -> str:
     """Why the first layout wins: what it spends its step on, and what the runner-up does differently."""
+    rows = found.rows
     best = rows[0]
     parts = sorted(best.breakdown.items(), key=lambda kv: -kv[1])
     shares = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in parts if v > 0)
-    text = f"{len(rows)} layouts fit; the first spends its step on {shares}"
+    text = f"{found.fitted} layouts fit; the first spends its step on {shares}"
     if len(rows) > 1:
         second = rows[1]
         a, b = _layout(best), _layout(second)

@@ -13,6 +13,7 @@ V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 RECOMPUTE = ("none", "selective", "full")
@@ -58,19 +59,19 @@ class Transformer:
         """The width of K (and of V): k d."""
         return self.kv_heads * self.head_dim
 
-    @property
+    @functools.cached_property
     def layer_weights(self) -> int:
         """Matmul weights of one layer: Q and the output h x h, K and V h x k d, the MLP 2 or 3 h x F."""
         h = self.hidden
         return 2 * h * h + 2 * h * self.kv_hidden + (3 if self.mlp == "swiglu" else 2) * h * self.ffn_hidden
 
-    @property
+    @functools.cached_property
     def layer_params(self) -> int:
         """Weights plus biases and norms: Megatron's 13 h per GPT layer, 2 h (two RMSNorms) for Llama."""
         small = 13 * self.hidden if self.learned_positions else 2 * self.hidden
         return self.layer_weights + small
 
-    @property
+    @functools.cached_property
     def embedding_params(self) -> int:
         """The input embedding (and its position table); with untied logits, the output matrix too."""
         h = self.hidden
@@ -81,10 +82,11 @@ class Transformer:
         """The output matrix the last stage holds (shared with the embedding when tied)."""
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
-    @property
+    @functools.cached_property
     def params(self) -> int:
         """All parameters; for a GPT shape, Narayanan et al. 2021, eq. 2."""
-        return self.layers * self.layer_params + self.embedding_params + self.logit_params
+        final_norm = 0 if self.learned_positions else self.hidden  # Llama's final RMSNorm (eq. 2 has none)
+        return self.layers * self.layer_params + self.embedding_params + self.logit_params + final_norm
 
     def layer_flops(self, tokens: int) -> float:
         """One layer's forward over `tokens` = b s tokens."""
