@@ -9,8 +9,8 @@ import statistics
 
 from ringtree.sim import INTER, INTRA, Cluster, Link, estimate
 from ringtree.sim.clusters import get
-from ringtree.sim.plan import StepConfig, predict_step
 from ringtree.sim.layout import Training
+from ringtree.sim.plan import StepConfig, predict_step
 from ringtree.sim.predictor import plan
 from ringtree.sim.transformer import Transformer
 
@@ -42,7 +42,12 @@ def megatron() -> list[tuple[str, float, float]]:
     for size, a, h, layers, t, p, n, batch, published in MEGATRON:
         model = Transformer(layers, h, a, 2048, 51200)
         rows = [
-            plan(model, Training(batch, b, t, p, "fp16", "full", flash_attention=False), preset.cluster(n // 8), preset.gpu)
+            plan(
+                model,
+                Training(batch, b, t, p, "fp16", "full", flash_attention=False),
+                preset.cluster(n // 8),
+                preset.gpu,
+            )
             for b in (1, 2, 4, 8)
             if batch % (n // (t * p) * b) == 0
         ]

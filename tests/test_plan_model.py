@@ -114,7 +114,12 @@ def test_interleaving_divides_the_bubble_by_v(v: int) -> None:
     assert row.pp_bubble_s == pytest.approx((p - 1) * (f + b) / v)
     slow = Link("slow", 1e-3, 1e30)
     linked = [
-        predict(StepWork(f, b, m, 0, 2, activation_bytes=1), Cluster(1, p, slow, slow), "ring", Layout(pp=p, virtual_stages=x))
+        predict(
+            StepWork(f, b, m, 0, 2, activation_bytes=1),
+            Cluster(1, p, slow, slow),
+            "ring",
+            Layout(pp=p, virtual_stages=x),
+        )
         for x in (1, v)
     ]
     messages = linked[0].pp_bubble_s - (p - 1) * (f + b)
@@ -162,7 +167,10 @@ def test_gemm_efficiency_depends_on_shape() -> None:
 
 def test_newer_gpus_are_priced_by_their_own_peak_and_bandwidth() -> None:
     assert {"dgx-h200", "dgx-b200"} <= set(CLUSTERS)
-    rows = {n: plan(SMALL, Training(64), get(n).cluster(1), get(n).gpu) for n in ("dgx-h100", "dgx-h200", "dgx-b200")}
+    rows = {
+        n: plan(SMALL, Training(64), get(n).cluster(1), get(n).gpu)
+        for n in ("dgx-h100", "dgx-h200", "dgx-b200")
+    }
     assert rows["dgx-b200"].step_s < rows["dgx-h200"].step_s <= rows["dgx-h100"].step_s
     assert all(get(n).source for n in ("dgx-h200", "dgx-b200"))
 
@@ -197,7 +205,9 @@ def test_plan_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     table = DOCS.read_text().split("<!-- plan-json-keys -->")[1]
     documented = set(re.findall(r"^\| `([a-z_A-Z.]+)`", table, re.M))
-    actual = set(data) | {f"breakdown.{k}" for k in data["breakdown"]} | {f"memory.{k}" for k in data["memory"]}
+    actual = (
+        set(data) | {f"breakdown.{k}" for k in data["breakdown"]} | {f"memory.{k}" for k in data["memory"]}
+    )
     assert documented == actual
     assert data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
     peak = 989.5e12 * 16

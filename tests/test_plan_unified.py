@@ -13,10 +13,17 @@ from ringtree.cli.app import app
 from ringtree.sim import INTER, INTRA, Cluster, Link
 from ringtree.sim.clusters import CLUSTERS, get, preset_cluster
 from ringtree.sim.explain import level_bounds, seed_derivation
-from ringtree.sim.plan import predict_pipeline
-from ringtree.sim.plan import Layout, StepConfig, StepWork, predict, predict_step, with_run_wait
 from ringtree.sim.layout import Training
 from ringtree.sim.memory import activation_bytes_per_layer, memory
+from ringtree.sim.plan import (
+    Layout,
+    StepConfig,
+    StepWork,
+    predict,
+    predict_pipeline,
+    predict_step,
+    with_run_wait,
+)
 from ringtree.sim.predictor import plan
 from ringtree.sim.transformer import Transformer
 
@@ -160,7 +167,9 @@ def test_plan_from_run_predicts_more_nodes(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["step_s"] == pytest.approx(0.4 + data["breakdown"]["sync_wait_s"] + data["dp_allreduce_s"])
-    assert data["breakdown"]["sync_wait_s"] == pytest.approx(max(0.0, 0.02 - data["predicted_run_step_s"] + 0.4), abs=1e-9)
+    assert data["breakdown"]["sync_wait_s"] == pytest.approx(
+        max(0.0, 0.02 - data["predicted_run_step_s"] + 0.4), abs=1e-9
+    )
     assert data["speedup"] == pytest.approx(3 * 0.42 / data["step_s"])
     assert data["explain"]["error_bar_s"] == pytest.approx(0.1 * data["dp_allreduce_s"])
     assert data["explain"]["bottleneck"].startswith("inter")

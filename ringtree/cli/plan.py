@@ -18,74 +18,172 @@ _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 @app.command()
 def plan(
     model: str | None = typer.Option(
-        None, help="A model preset (vit-base, resnet50, gpt3-175b, llama-7b, ...) or 'transformer'.", rich_help_panel="Model"
+        None,
+        help="A model preset (vit-base, resnet50, gpt3-175b, llama-7b, ...) or 'transformer'.",
+        rich_help_panel="Model",
     ),
-    params: str | None = typer.Option(None, help="Parameter count instead of a preset, e.g. 86M, 1.5B.", rich_help_panel="Data-parallel planner"),
-    module: str | None = typer.Option(None, help="pkg.mod:factory returning a torch.nn.Module to count.", rich_help_panel="Data-parallel planner"),
-    grad_dtype: str = typer.Option("fp32", help="Gradient dtype: fp32, fp16 or bf16.", rich_help_panel="Data-parallel planner"),
+    params: str | None = typer.Option(
+        None,
+        help="Parameter count instead of a preset, e.g. 86M, 1.5B.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    module: str | None = typer.Option(
+        None,
+        help="pkg.mod:factory returning a torch.nn.Module to count.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    grad_dtype: str = typer.Option(
+        "fp32", help="Gradient dtype: fp32, fp16 or bf16.", rich_help_panel="Data-parallel planner"
+    ),
     compute_time: float | None = typer.Option(
-        None, help="Seconds of forward+backward per step on one device.", rich_help_panel="Data-parallel planner"
+        None,
+        help="Seconds of forward+backward per step on one device.",
+        rich_help_panel="Data-parallel planner",
     ),
-    measure: bool = typer.Option(False, help="Time the --module here instead (needs --input-shape).", rich_help_panel="Data-parallel planner"),
-    input_shape: str | None = typer.Option(None, help="Input shape for --measure, e.g. 32,3,224,224.", rich_help_panel="Data-parallel planner"),
+    measure: bool = typer.Option(
+        False,
+        help="Time the --module here instead (needs --input-shape).",
+        rich_help_panel="Data-parallel planner",
+    ),
+    input_shape: str | None = typer.Option(
+        None, help="Input shape for --measure, e.g. 32,3,224,224.", rich_help_panel="Data-parallel planner"
+    ),
     nodes: int = typer.Option(1, help="Nodes.", rich_help_panel="Cluster"),
-    gpus_per_node: int | None = typer.Option(None, help="Devices per node (default 8, or the --cluster's).", rich_help_panel="Cluster"),
-    intra: str | None = typer.Option(None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"),
-    inter: str | None = typer.Option(None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"),
-    nics_per_node: int | None = typer.Option(None, help="NICs per node (default 1, or the --cluster's).", rich_help_panel="Cluster"),
-    cluster_name: str | None = typer.Option(
-        None, "--cluster", help="A cluster preset: dgx-a100, dgx-h100, p4d.24xlarge, eth-10g, ...", rich_help_panel="Cluster"
+    gpus_per_node: int | None = typer.Option(
+        None, help="Devices per node (default 8, or the --cluster's).", rich_help_panel="Cluster"
     ),
-    calibration: Path | None = typer.Option(None, help="A `ringtree calibrate` file for unnamed links.", rich_help_panel="Cluster"),
-    algorithm: str = typer.Option("auto", help="The algorithm to report, or auto (the fastest).", rich_help_panel="Cluster"),
-    overlap: bool = typer.Option(False, "--overlap/--no-overlap", help="Overlap all-reduce with backward.", rich_help_panel="Data-parallel planner"),
-    bucket_mb: float = typer.Option(25.0, help="Fusion bucket size in MiB.", rich_help_panel="Data-parallel planner"),
-    compression: str | None = typer.Option(None, help="All-reduce gradients as fp16 or bf16.", rich_help_panel="Data-parallel planner"),
-    accumulate: int = typer.Option(1, help="Micro-steps of gradient accumulation per all-reduce.", rich_help_panel="Data-parallel planner"),
-    batch_size: int = typer.Option(32, help="Samples per device per micro-step (for samples/s).", rich_help_panel="Data-parallel planner"),
-    pp: int = typer.Option(1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel="Layout"),
-    micro_batches: int = typer.Option(4, help="Micro-batches per pipeline step (with --pp).", rich_help_panel="Data-parallel planner"),
-    schedule: str = typer.Option("1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream.", rich_help_panel="Layout"),
-    activation_mb: float = typer.Option(0.0, help="MB of one micro-batch's activation between stages.", rich_help_panel="Data-parallel planner"),
-    tp: int = typer.Option(1, help="Tensor-parallel degree: also predict a DP x TP step (transformers).", rich_help_panel="Layout"),
+    intra: str | None = typer.Option(
+        None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
+    ),
+    inter: str | None = typer.Option(
+        None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
+    ),
+    nics_per_node: int | None = typer.Option(
+        None, help="NICs per node (default 1, or the --cluster's).", rich_help_panel="Cluster"
+    ),
+    cluster_name: str | None = typer.Option(
+        None,
+        "--cluster",
+        help="A cluster preset: dgx-a100, dgx-h100, p4d.24xlarge, eth-10g, ...",
+        rich_help_panel="Cluster",
+    ),
+    calibration: Path | None = typer.Option(
+        None, help="A `ringtree calibrate` file for unnamed links.", rich_help_panel="Cluster"
+    ),
+    algorithm: str = typer.Option(
+        "auto", help="The algorithm to report, or auto (the fastest).", rich_help_panel="Cluster"
+    ),
+    overlap: bool = typer.Option(
+        False,
+        "--overlap/--no-overlap",
+        help="Overlap all-reduce with backward.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    bucket_mb: float = typer.Option(
+        25.0, help="Fusion bucket size in MiB.", rich_help_panel="Data-parallel planner"
+    ),
+    compression: str | None = typer.Option(
+        None, help="All-reduce gradients as fp16 or bf16.", rich_help_panel="Data-parallel planner"
+    ),
+    accumulate: int = typer.Option(
+        1,
+        help="Micro-steps of gradient accumulation per all-reduce.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    batch_size: int = typer.Option(
+        32, help="Samples per device per micro-step (for samples/s).", rich_help_panel="Data-parallel planner"
+    ),
+    pp: int = typer.Option(
+        1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel="Layout"
+    ),
+    micro_batches: int = typer.Option(
+        4, help="Micro-batches per pipeline step (with --pp).", rich_help_panel="Data-parallel planner"
+    ),
+    schedule: str = typer.Option(
+        "1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream.", rich_help_panel="Layout"
+    ),
+    activation_mb: float = typer.Option(
+        0.0,
+        help="MB of one micro-batch's activation between stages.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    tp: int = typer.Option(
+        1,
+        help="Tensor-parallel degree: also predict a DP x TP step (transformers).",
+        rich_help_panel="Layout",
+    ),
     shape: str | None = typer.Option(
         None,
-        help="With --tp: LAYERS,HIDDEN,SEQ of the transformer (presets know theirs), e.g. 96,12288,2048.", rich_help_panel="Data-parallel planner"
+        help="With --tp: LAYERS,HIDDEN,SEQ of the transformer (presets know theirs), e.g. 96,12288,2048.",
+        rich_help_panel="Data-parallel planner",
     ),
     layers: int | None = typer.Option(None, help="Transformer model: layers.", rich_help_panel="Model"),
     hidden: int | None = typer.Option(None, help="Transformer model: hidden size.", rich_help_panel="Model"),
-    heads: int | None = typer.Option(None, help="Transformer model: attention heads.", rich_help_panel="Model"),
+    heads: int | None = typer.Option(
+        None, help="Transformer model: attention heads.", rich_help_panel="Model"
+    ),
     seq: int | None = typer.Option(None, help="Transformer model: sequence length.", rich_help_panel="Model"),
-    vocab: int | None = typer.Option(None, help="Transformer model: vocabulary size.", rich_help_panel="Model"),
+    vocab: int | None = typer.Option(
+        None, help="Transformer model: vocabulary size.", rich_help_panel="Model"
+    ),
     kv_heads: int | None = typer.Option(
         None, help="Key/value heads (grouped-query attention; default: --heads).", rich_help_panel="Model"
     ),
-    ffn_hidden: int | None = typer.Option(None, help="MLP width (default 4 x --hidden).", rich_help_panel="Model"),
-    mlp: str | None = typer.Option(None, help="MLP: gelu (two h x F matrices) or swiglu (three).", rich_help_panel="Model"),
-    cp: int = typer.Option(1, help="Context-parallel degree: the sequence split over CP ranks.", rich_help_panel="Layout"),
+    ffn_hidden: int | None = typer.Option(
+        None, help="MLP width (default 4 x --hidden).", rich_help_panel="Model"
+    ),
+    mlp: str | None = typer.Option(
+        None, help="MLP: gelu (two h x F matrices) or swiglu (three).", rich_help_panel="Model"
+    ),
+    cp: int = typer.Option(
+        1, help="Context-parallel degree: the sequence split over CP ranks.", rich_help_panel="Layout"
+    ),
     virtual_stages: int = typer.Option(
         1, help="Model chunks per pipeline rank (interleaved 1F1B).", rich_help_panel="Layout"
     ),
     sequence_parallel: bool = typer.Option(
-        False, "--sequence-parallel", help="Megatron's sequence parallelism over the TP group.", rich_help_panel="Layout"
-    ),
-    zero: int = typer.Option(
-        0, help="ZeRO stage: 0 replicated, 1 optimizer, 2 + gradients, 3 + parameters sharded.", rich_help_panel="Layout"
-    ),
-    flash_attention: bool = typer.Option(
-        True, "--flash-attention/--no-flash-attention", help="Attention as flash attention (default) or unfused.",
+        False,
+        "--sequence-parallel",
+        help="Megatron's sequence parallelism over the TP group.",
         rich_help_panel="Layout",
     ),
-    global_batch: int | None = typer.Option(None, help="Transformer model: sequences per optimizer step.", rich_help_panel="Layout"),
-    micro_batch: int | None = typer.Option(None, help="Transformer model: sequences per micro-batch (1).", rich_help_panel="Layout"),
+    zero: int = typer.Option(
+        0,
+        help="ZeRO stage: 0 replicated, 1 optimizer, 2 + gradients, 3 + parameters sharded.",
+        rich_help_panel="Layout",
+    ),
+    flash_attention: bool = typer.Option(
+        True,
+        "--flash-attention/--no-flash-attention",
+        help="Attention as flash attention (default) or unfused.",
+        rich_help_panel="Layout",
+    ),
+    global_batch: int | None = typer.Option(
+        None, help="Transformer model: sequences per optimizer step.", rich_help_panel="Layout"
+    ),
+    micro_batch: int | None = typer.Option(
+        None, help="Transformer model: sequences per micro-batch (1).", rich_help_panel="Layout"
+    ),
     dtype: str = typer.Option("bf16", help="Transformer model: fp16 or bf16.", rich_help_panel="Layout"),
     recompute: str | None = typer.Option(
-        None, help="Transformer model: activation recompute none (default)|selective|full.", rich_help_panel="Layout"
+        None,
+        help="Transformer model: activation recompute none (default)|selective|full.",
+        rich_help_panel="Layout",
     ),
-    search: bool = typer.Option(False, help="Rank every TP x PP x DP x micro-batch that fits in memory.", rich_help_panel="Layout"),
-    from_run: Path | None = typer.Option(None, help="A `ringtree train --json` summary of a one-node run.", rich_help_panel="Data-parallel planner"),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the plan as JSON here.", rich_help_panel="Output"),
-    plot: Path | None = typer.Option(None, help="PNG of the speedup from 1 to --nodes nodes.", rich_help_panel="Output"),
+    search: bool = typer.Option(
+        False, help="Rank every TP x PP x DP x micro-batch that fits in memory.", rich_help_panel="Layout"
+    ),
+    from_run: Path | None = typer.Option(
+        None,
+        help="A `ringtree train --json` summary of a one-node run.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    json_path: Path | None = typer.Option(
+        None, "--json", help="Write the plan as JSON here.", rich_help_panel="Output"
+    ),
+    plot: Path | None = typer.Option(
+        None, help="PNG of the speedup from 1 to --nodes nodes.", rich_help_panel="Output"
+    ),
 ) -> None:
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
@@ -98,7 +196,9 @@ def plan(
         x is not None for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp)
     )
     parallel_given = cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
-    transformer_only = shape_given or parallel_given or search or micro_batch is not None or recompute is not None
+    transformer_only = (
+        shape_given or parallel_given or search or micro_batch is not None or recompute is not None
+    )
     if from_run is not None:
         given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
                  "--measure": measure or None, "--input-shape": input_shape, "--overlap": overlap or None,
@@ -129,7 +229,8 @@ def plan(
         if search:
             _refuse([k for k, v in chosen.items() if v], "--search (it chooses them)")
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
-                  "sequence_parallel": sequence_parallel, "zero": zero, "flash_attention": flash_attention}  # fmt: skip
+                  "sequence_parallel": sequence_parallel, "zero": zero,
+                  "flash_attention": flash_attention}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -490,7 +591,8 @@ def _transformer(
             rows = found.rows
             if not rows:
                 raise ValueError(
-                    f"no layout of this model fits {cluster.ranks} x {gpu.name}: add nodes or shrink the model"
+                    f"no layout of this model fits {cluster.ranks} x {gpu.name}: add nodes or shrink "
+                    "the model"
                 )
         else:
             run = Training(
@@ -504,7 +606,11 @@ def _transformer(
     _print_transformer(rows, shape, cluster, gpu, search)
     searched = {}
     if search:
-        searched = {"layouts_fit": found.fitted, "why": why(found), "configurations": [r.as_dict() for r in rows[:10]]}
+        searched = {
+            "layouts_fit": found.fitted,
+            "why": why(found),
+            "configurations": [r.as_dict() for r in rows[:10]],
+        }
         console.print(f"why: {searched['why']}", highlight=False)
     if json_path is not None:
         write_json(json_path, {**rows[0].as_dict(), **searched})
@@ -531,12 +637,14 @@ def _shape(model: str | None, dims: dict[str, Any]) -> Any:
 def _print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, search: bool) -> None:
     title = (
         f"ringtree plan: transformer {shape.params / 1e9:.2f}B params (l={shape.layers}, h={shape.hidden}, "
-        f"a={shape.heads}, kv={shape.kv_heads}, F={shape.ffn_hidden} {shape.mlp}, s={shape.seq}, V={shape.vocab}) "
+        f"a={shape.heads}, kv={shape.kv_heads}, F={shape.ffn_hidden} {shape.mlp}, s={shape.seq}, "
+        f"V={shape.vocab}) "
         f"on {_cluster_title(cluster)}, {gpu.name}"
     )
     print_table(
         title,
-        ["tp", "cp", "pp", "v", "dp", "zero", "sp", "mb", "recompute", "step (s)", "MFU", "TP comm", "CP comm",
+        ["tp", "cp", "pp", "v", "dp", "zero", "sp", "mb", "recompute", "step (s)", "MFU", "TP comm",
+         "CP comm",
          "PP bubble", "exposed DP", "memory (GiB)"],
         [
             [r.tp, r.cp, r.pp, r.virtual_stages, r.dp, r.zero, "yes" if r.sequence_parallel else "no",
@@ -548,20 +656,24 @@ def _print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, sear
     )  # fmt: skip
     best = rows[0]
     shares = ", ".join(
-        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in best.breakdown.items() if v
+        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}"
+        for k, v in best.breakdown.items()
+        if v
     )
     mem = best.memory
     console.print(
         f"where the time goes: {shares}; {best.tflops_per_gpu:.0f} model TFLOP/s per GPU "
-        f"({best.hardware_tflops_per_gpu:.0f} counting recompute); fullest stage {mem['fullest_stage']}: weights, "
+        f"({best.hardware_tflops_per_gpu:.0f} counting recompute); fullest stage {mem['fullest_stage']}: "
+        "weights, "
         f"gradients and optimizer {mem['weights_grads_optimizer_GiB']:.1f} GiB + activations "
         f"{mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
         highlight=False,
     )
     if not mem["fits"]:
         console.print(
-            f"warning: does not fit: pipeline stage {mem['fullest_stage']} needs {mem['total_GiB']:.1f} GiB per "
-            f"GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of a {gpu.name}; "
+            f"warning: does not fit: pipeline stage {mem['fullest_stage']} needs {mem['total_GiB']:.1f} "
+            f"GiB per GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of a "
+            f"{gpu.name}; "
             "raise --tp, --pp or --cp, add --zero or --sequence-parallel, use --recompute full, or lower "
             "--micro-batch",
             highlight=False,

@@ -96,7 +96,8 @@ CLUSTERS: dict[str, ClusterPreset] = {
         ),
         ClusterPreset(
             "dgx-h200", 8, H200, INTRA["nvlink-h100"], INTER["ib-ndr"], 8,
-            "NVIDIA DGX H200 datasheet: 8x H200 141GB (4.8 TB/s), NVLink 900 GB/s per GPU, 8x ConnectX-7 400 Gb/s",
+            "NVIDIA DGX H200 datasheet: 8x H200 141GB (4.8 TB/s), NVLink 900 GB/s per GPU, "
+            "8x ConnectX-7 400 Gb/s",
         ),
         ClusterPreset(
             "dgx-b200", 8, B200, _NVLINK5, INTER["ib-ndr"], 8,

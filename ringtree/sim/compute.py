@@ -39,7 +39,7 @@ def shape_efficiency(m: int, n: int, gpu: GPU) -> float:
 
 
 def gemm_s(m: int, n: int, k: int, gpu: GPU, dtype: str, itemsize: int = 2) -> float:
-    """One m x k by k x n matmul on the roofline (FLOPs at the shape's efficiency, or bytes), plus a kernel."""
+    """One m x k by k x n matmul on the roofline (FLOPs at the shape's efficiency, or bytes) + a kernel."""
     if min(m, n, k) < 1:
         return 0.0
     flops = 2.0 * m * n * k / (gpu.peak(dtype) * GEMM_EFFICIENCY * shape_efficiency(m, n, gpu))

@@ -165,7 +165,8 @@ def seed_derivation(config: StepConfig, cluster: Cluster, algorithm: str) -> lis
         f"(exactly 2({p}-1)/{p} S/B = {2 * (p - 1) / p * s / b:.4f} s)",
         f"plan: all-reduce {row.dp_allreduce_s:.4f} s = that bound plus latency and reductions over "
         f"{len(config.buckets())} buckets",
-        f"plan: step {(row.step_s - row.exposed_dp_s - row.sync_wait_s):.3f}{wait} + {row.exposed_dp_s:.4f} = {row.step_s:.4f} s on "
+        f"plan: step {row.step_s - row.exposed_dp_s - row.sync_wait_s:.3f}{wait} + {row.exposed_dp_s:.4f} "
+        f"= {row.step_s:.4f} s on "
         f"{cluster.nodes} nodes, {one.step_s:.4f} s on one; speedup {cluster.nodes} x "
         f"{one.step_s:.4f} / {row.step_s:.4f} = {speedup:.2f}x",
     ]

@@ -54,7 +54,14 @@ class Training:
     @property
     def layout(self) -> Layout:
         return Layout(
-            self.tp, self.pp, self.schedule, False, self.cp, self.virtual_stages, self.sequence_parallel, self.zero
+            self.tp,
+            self.pp,
+            self.schedule,
+            False,
+            self.cp,
+            self.virtual_stages,
+            self.sequence_parallel,
+            self.zero,
         )
 
     def micro_batches(self, dp: int) -> int:

@@ -10,8 +10,9 @@ attention, which stores no s x s scores): the replicated part 10 s b h (norm inp
 dropout masks), divided by t with sequence parallelism; the TP-split part (4 + 4 k/a) s b h / t for
 Q, K, V and the attention output, and 4 s b F / t (GeLU) or 6 s b F / t (SwiGLU) for the MLP; with
 CP each rank holds s / c of the sequence. Without flash attention (Megatron-LM 2021) a layer also
-stores its scores, softmax and dropout mask, 5 a s^2 b / t, unless recompute rebuilds them. `full` recompute keeps each layer's input (2 s b h, / t
-with SP) and rebuilds one layer at a time; `selective` stores what flash attention stores.
+stores its scores, softmax and dropout mask, 5 a s^2 b / t, unless recompute rebuilds them. `full`
+recompute keeps each layer's input (2 s b h, / t with SP) and rebuilds one layer at a time;
+`selective` stores what flash attention stores.
 Under 1F1B stage j holds min(m, p - j) micro-batches; interleaved with V chunks, its chunks of
 l / (p V) layers in flight are min(m V, 2 (p - j - 1) + (V - 1) p + 1) (Megatron-LM's warm-up).
 The first stage holds the embedding, the last the output matrix and the fp32 logits.
@@ -118,8 +119,8 @@ def memory(model: Transformer, run: Training, m: int, dp: int, gpu: GPU) -> dict
         "weights_grads_optimizer_GiB": full.states / GiB,
         "activations_GiB": full.activations / GiB,
         "stages": [
-            {"stage": i, "weights_grads_optimizer_GiB": r.states / GiB, "activations_GiB": r.activations / GiB,
-             "total_GiB": r.total / GiB}
+            {"stage": i, "weights_grads_optimizer_GiB": r.states / GiB,
+             "activations_GiB": r.activations / GiB, "total_GiB": r.total / GiB}
             for i, r in enumerate(rows)
         ],
     }  # fmt: skip

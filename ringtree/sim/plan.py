@@ -290,7 +290,8 @@ def dp_group(cluster: Cluster, tp: int, dp: int) -> Cluster:
 
 
 def stage_link(cluster: Cluster, inner: int) -> Link:
-    """Consecutive pipeline stages are `inner` = tp x cp x dp ranks apart: another node once that fills one."""
+    """Consecutive pipeline stages are `inner` = tp x cp x dp ranks apart: another node once that fills
+    one."""
     return cluster.inter if inner >= cluster.gpus_per_node and cluster.nodes > 1 else cluster.intra
 
 
@@ -334,7 +335,9 @@ def _groups(cluster: Cluster, layout: Layout, dp: int) -> _Groups:
     return _Groups(tp_g, cp_g, dp_g, stage_link(cluster, tp * cp * dp))
 
 
-def _pipeline_s(work: StepWork, layout: Layout, link: Link, forward: float, backward: float, fast: bool) -> float:
+def _pipeline_s(
+    work: StepWork, layout: Layout, link: Link, forward: float, backward: float, fast: bool
+) -> float:
     """The pipeline's makespan for m micro-batches of (forward, backward) per stage.
 
     1F1B and GPipe are replayed with the stage link (`ringtree.sim.pipeline`); `fast` bounds the
@@ -451,7 +454,9 @@ def _zero_param_gather_s(
     if layout.zero not in (1, 2):
         return 0.0
     sizes = buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
-    total = sum(collective_s("all_gather", algorithm, group, n, work.itemsize) * sizes.count(n) for n in set(sizes))
+    total = sum(
+        collective_s("all_gather", algorithm, group, n, work.itemsize) * sizes.count(n) for n in set(sizes)
+    )
     return max(0.0, total - hidden_behind_s) if work.overlap else total
 
 

@@ -25,7 +25,9 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
     """One layer's forward and backward (recompute included) on one rank, and its attention forward."""
     tokens = run.micro_batch * model.seq // run.cp
     mats = compute.matmuls_s(model, tokens, run.tp, gpu, run.dtype)
-    attention = compute.attention_s(model, run.micro_batch, run.tp, run.cp, gpu, run.dtype, run.flash_attention)
+    attention = compute.attention_s(
+        model, run.micro_batch, run.tp, run.cp, gpu, run.dtype, run.flash_attention
+    )
     other = compute.elementwise_s(activation_bytes_per_layer(model, run, "none"), gpu)
     forward = mats + attention + other
     backward = 2 * (mats + other) + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
@@ -34,7 +36,8 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
 
 
 def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
-    """One GPU's step: its stage's l/p layers (and 1/p of the logits) on its TP and CP slice, per micro-batch."""
+    """One GPU's step: its stage's l/p layers (and 1/p of the logits) on its TP and CP slice, per
+    micro-batch."""
     t, p = run.tp, run.pp
     layers = model.layers / p
     forward, backward, attention = layer_times(model, run, gpu)

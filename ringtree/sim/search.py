@@ -104,7 +104,9 @@ def why(found: Found) -> str:
     rows = found.rows
     best = rows[0]
     parts = sorted(best.breakdown.items(), key=lambda kv: -kv[1])
-    shares = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in parts if v > 0)
+    shares = ", ".join(
+        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in parts if v > 0
+    )
     text = f"{found.fitted} layouts fit; the first spends its step on {shares}"
     if len(rows) > 1:
         second = rows[1]
