@@ -213,3 +213,20 @@ def test_plan_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     peak = 989.5e12 * 16
     assert data["mfu"] == pytest.approx(data["details"]["model_flops_per_step"] / (data["step_s"] * peak))
     assert data["tflops_per_gpu"] == pytest.approx(data["mfu"] * 989.5)
+
+
+def test_help_is_grouped_by_model_layout_and_cluster() -> None:
+    result = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "120"})
+    panels = re.findall(r"╭─ ([A-Za-z -]+?) ─", result.output)
+    assert panels[1:4] == ["Model", "Layout", "Cluster"]
+    model = result.output.split("╭─ Model")[1].split("╭─ Layout")[0]
+    assert all(f"--{o}" in model for o in ("kv-heads", "ffn-hidden", "mlp", "layers"))
+
+
+def test_the_planner_has_no_import_circle() -> None:
+    """plan prices pipelines with sim.pipeline's replay; sim.pipeline imports nothing of the planner."""
+    sim = Path(__file__).resolve().parents[1] / "ringtree" / "sim"
+    assert "ringtree.sim.plan" not in (sim / "pipeline.py").read_text()
+    for low in ("transformer.py", "compute.py", "plan.py"):
+        text = (sim / low).read_text()
+        assert not re.search(r"ringtree\.sim\.(predictor|search|layout|memory)\b", text), low

@@ -22,101 +22,6 @@ def plan(
         help="A model preset (vit-base, resnet50, gpt3-175b, llama-7b, ...) or 'transformer'.",
         rich_help_panel="Model",
     ),
-    params: str | None = typer.Option(
-        None,
-        help="Parameter count instead of a preset, e.g. 86M, 1.5B.",
-        rich_help_panel="Data-parallel planner",
-    ),
-    module: str | None = typer.Option(
-        None,
-        help="pkg.mod:factory returning a torch.nn.Module to count.",
-        rich_help_panel="Data-parallel planner",
-    ),
-    grad_dtype: str = typer.Option(
-        "fp32", help="Gradient dtype: fp32, fp16 or bf16.", rich_help_panel="Data-parallel planner"
-    ),
-    compute_time: float | None = typer.Option(
-        None,
-        help="Seconds of forward+backward per step on one device.",
-        rich_help_panel="Data-parallel planner",
-    ),
-    measure: bool = typer.Option(
-        False,
-        help="Time the --module here instead (needs --input-shape).",
-        rich_help_panel="Data-parallel planner",
-    ),
-    input_shape: str | None = typer.Option(
-        None, help="Input shape for --measure, e.g. 32,3,224,224.", rich_help_panel="Data-parallel planner"
-    ),
-    nodes: int = typer.Option(1, help="Nodes.", rich_help_panel="Cluster"),
-    gpus_per_node: int | None = typer.Option(
-        None, help="Devices per node (default 8, or the --cluster's).", rich_help_panel="Cluster"
-    ),
-    intra: str | None = typer.Option(
-        None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
-    ),
-    inter: str | None = typer.Option(
-        None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
-    ),
-    nics_per_node: int | None = typer.Option(
-        None, help="NICs per node (default 1, or the --cluster's).", rich_help_panel="Cluster"
-    ),
-    cluster_name: str | None = typer.Option(
-        None,
-        "--cluster",
-        help="A cluster preset: dgx-a100, dgx-h100, p4d.24xlarge, eth-10g, ...",
-        rich_help_panel="Cluster",
-    ),
-    calibration: Path | None = typer.Option(
-        None, help="A `ringtree calibrate` file for unnamed links.", rich_help_panel="Cluster"
-    ),
-    algorithm: str = typer.Option(
-        "auto", help="The algorithm to report, or auto (the fastest).", rich_help_panel="Cluster"
-    ),
-    overlap: bool = typer.Option(
-        False,
-        "--overlap/--no-overlap",
-        help="Overlap all-reduce with backward.",
-        rich_help_panel="Data-parallel planner",
-    ),
-    bucket_mb: float = typer.Option(
-        25.0, help="Fusion bucket size in MiB.", rich_help_panel="Data-parallel planner"
-    ),
-    compression: str | None = typer.Option(
-        None, help="All-reduce gradients as fp16 or bf16.", rich_help_panel="Data-parallel planner"
-    ),
-    accumulate: int = typer.Option(
-        1,
-        help="Micro-steps of gradient accumulation per all-reduce.",
-        rich_help_panel="Data-parallel planner",
-    ),
-    batch_size: int = typer.Option(
-        32, help="Samples per device per micro-step (for samples/s).", rich_help_panel="Data-parallel planner"
-    ),
-    pp: int = typer.Option(
-        1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel="Layout"
-    ),
-    micro_batches: int = typer.Option(
-        4, help="Micro-batches per pipeline step (with --pp).", rich_help_panel="Data-parallel planner"
-    ),
-    schedule: str = typer.Option(
-        "1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream.", rich_help_panel="Layout"
-    ),
-    activation_mb: float = typer.Option(
-        0.0,
-        help="MB of one micro-batch's activation between stages.",
-        rich_help_panel="Data-parallel planner",
-    ),
-    tp: int = typer.Option(
-        1,
-        help="Tensor-parallel degree: also predict a DP x TP step (transformers).",
-        rich_help_panel="Layout",
-    ),
-    shape: str | None = typer.Option(
-        None,
-        help="With --tp: LAYERS,HIDDEN,SEQ of the transformer (presets know theirs), e.g. 96,12288,2048.",
-        rich_help_panel="Data-parallel planner",
-    ),
     layers: int | None = typer.Option(None, help="Transformer model: layers.", rich_help_panel="Model"),
     hidden: int | None = typer.Option(None, help="Transformer model: hidden size.", rich_help_panel="Model"),
     heads: int | None = typer.Option(
@@ -134,6 +39,17 @@ def plan(
     ),
     mlp: str | None = typer.Option(
         None, help="MLP: gelu (two h x F matrices) or swiglu (three).", rich_help_panel="Model"
+    ),
+    pp: int = typer.Option(
+        1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel="Layout"
+    ),
+    schedule: str = typer.Option(
+        "1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream.", rich_help_panel="Layout"
+    ),
+    tp: int = typer.Option(
+        1,
+        help="Tensor-parallel degree: also predict a DP x TP step (transformers).",
+        rich_help_panel="Layout",
     ),
     cp: int = typer.Option(
         1, help="Context-parallel degree: the sequence split over CP ranks.", rich_help_panel="Layout"
@@ -172,6 +88,90 @@ def plan(
     ),
     search: bool = typer.Option(
         False, help="Rank every TP x PP x DP x micro-batch that fits in memory.", rich_help_panel="Layout"
+    ),
+    nodes: int = typer.Option(1, help="Nodes.", rich_help_panel="Cluster"),
+    gpus_per_node: int | None = typer.Option(
+        None, help="Devices per node (default 8, or the --cluster's).", rich_help_panel="Cluster"
+    ),
+    intra: str | None = typer.Option(
+        None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
+    ),
+    inter: str | None = typer.Option(
+        None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
+    ),
+    nics_per_node: int | None = typer.Option(
+        None, help="NICs per node (default 1, or the --cluster's).", rich_help_panel="Cluster"
+    ),
+    cluster_name: str | None = typer.Option(
+        None,
+        "--cluster",
+        help="A cluster preset: dgx-a100, dgx-h100, p4d.24xlarge, eth-10g, ...",
+        rich_help_panel="Cluster",
+    ),
+    calibration: Path | None = typer.Option(
+        None, help="A `ringtree calibrate` file for unnamed links.", rich_help_panel="Cluster"
+    ),
+    algorithm: str = typer.Option(
+        "auto", help="The algorithm to report, or auto (the fastest).", rich_help_panel="Cluster"
+    ),
+    params: str | None = typer.Option(
+        None,
+        help="Parameter count instead of a preset, e.g. 86M, 1.5B.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    module: str | None = typer.Option(
+        None,
+        help="pkg.mod:factory returning a torch.nn.Module to count.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    grad_dtype: str = typer.Option(
+        "fp32", help="Gradient dtype: fp32, fp16 or bf16.", rich_help_panel="Data-parallel planner"
+    ),
+    compute_time: float | None = typer.Option(
+        None,
+        help="Seconds of forward+backward per step on one device.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    measure: bool = typer.Option(
+        False,
+        help="Time the --module here instead (needs --input-shape).",
+        rich_help_panel="Data-parallel planner",
+    ),
+    input_shape: str | None = typer.Option(
+        None, help="Input shape for --measure, e.g. 32,3,224,224.", rich_help_panel="Data-parallel planner"
+    ),
+    overlap: bool = typer.Option(
+        False,
+        "--overlap/--no-overlap",
+        help="Overlap all-reduce with backward.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    bucket_mb: float = typer.Option(
+        25.0, help="Fusion bucket size in MiB.", rich_help_panel="Data-parallel planner"
+    ),
+    compression: str | None = typer.Option(
+        None, help="All-reduce gradients as fp16 or bf16.", rich_help_panel="Data-parallel planner"
+    ),
+    accumulate: int = typer.Option(
+        1,
+        help="Micro-steps of gradient accumulation per all-reduce.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    batch_size: int = typer.Option(
+        32, help="Samples per device per micro-step (for samples/s).", rich_help_panel="Data-parallel planner"
+    ),
+    micro_batches: int = typer.Option(
+        4, help="Micro-batches per pipeline step (with --pp).", rich_help_panel="Data-parallel planner"
+    ),
+    activation_mb: float = typer.Option(
+        0.0,
+        help="MB of one micro-batch's activation between stages.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    shape: str | None = typer.Option(
+        None,
+        help="With --tp: LAYERS,HIDDEN,SEQ of the transformer (presets know theirs), e.g. 96,12288,2048.",
+        rich_help_panel="Data-parallel planner",
     ),
     from_run: Path | None = typer.Option(
         None,
