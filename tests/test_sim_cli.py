@@ -116,6 +116,6 @@ def test_plan_counts_a_real_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     args = ["plan", "--module", "tiny_model:make", "--compute-time", "0.01", "--intra", "nvlink-a100",
             "--json", str(out)]  # fmt: skip
     assert runner.invoke(app, args).exit_code == 0
-    assert json.loads(out.read_text())["params"] == 1010
+    assert json.loads(out.read_text())["config"]["params"] == 1010
     result = runner.invoke(app, ["plan", "--model", "vit-base", "--params", "1M", "--compute-time", "1"])
     assert result.exit_code == 2 and "exactly one" in result.output

@@ -249,7 +249,7 @@ def plan(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
-    _print(result)
+    _print(result, config, cluster)
     _explain(result, config, cluster, calibration)
     if pp > 1:
         result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
@@ -316,7 +316,7 @@ class ClusterOptions:
 def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
     """Every algorithm's prediction, the chosen one's headline numbers, and the recommendation."""
     from ringtree.sim import ALGORITHMS
-    from ringtree.sim.plan import bottleneck, predict_step, recommend, speedup_vs_one_node
+    from ringtree.sim.plan import predict_step, recommend, speedup_vs_one_node
 
     best, reason = recommend(config, cluster)
     chosen = best if algorithm == "auto" else algorithm
@@ -328,14 +328,10 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
             {**p.as_dict(), "speedup_vs_one_node": speedup, "scaling_efficiency": speedup / cluster.nodes}
         )
     head = next(r for r in rows if r["algorithm"] == chosen)
-    level, share = bottleneck(config, cluster, chosen)
     return {
         **head,
         "recommended_algorithm": best,
         "reason": reason,
-        "bottleneck": level,
-        "bottleneck_share": share,
-        "params": config.params,
         "grad_bytes": config.grad_bytes,
         "config": dataclasses.asdict(config),
         "cluster": cluster.as_dict(),
@@ -401,9 +397,13 @@ def _cluster_title(cluster: Any) -> str:
     return f"{cluster.nodes} x {cluster.gpus_per_node}, {cluster.intra.name} / {cluster.inter.name}"
 
 
-def _print(result: dict[str, Any]) -> None:
+def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:
+    """The table of algorithms, the bottleneck (in the JSON under `explain`) and the recommendation."""
+    from ringtree.sim.plan import bottleneck
+
+    level, share = bottleneck(config, cluster, result["algorithm"])
     print_table(
-        f"ringtree plan: {result['params'] / 1e6:.1f}M params, {result['grad_bytes'] / 1e6:.0f} MB of "
+        f"ringtree plan: {result['config']['params'] / 1e6:.1f}M params, {result['grad_bytes'] / 1e6:.0f} MB of "
         f"gradients, {result['cluster_title']}",
         ["algorithm", "all-reduce (s)", "step (s)", "samples/s", "speedup vs 1 node", "efficiency"],
         [
@@ -418,7 +418,7 @@ def _print(result: dict[str, Any]) -> None:
             for r in result["algorithms"]
         ],
     )
-    console.print(f"bottleneck: {result['bottleneck']} ({result['bottleneck_share']:.0%})", highlight=False)
+    console.print(f"bottleneck: {level} ({share:.0%})", highlight=False)
     console.print(f"recommended: {result['reason']}", highlight=False)
 
 
