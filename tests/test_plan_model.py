@@ -230,3 +230,17 @@ def test_the_planner_has_no_import_circle() -> None:
     for low in ("transformer.py", "compute.py", "plan.py"):
         text = (sim / low).read_text()
         assert not re.search(r"ringtree\.sim\.(predictor|search|layout|memory)\b", text), low
+
+
+def test_data_parallel_plan_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "vit-base", "--grad-dtype", "fp16", "--compute-time", "0.4", "--nodes", "3",
+            "--cluster", "eth-10g", "--json", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    text = DOCS.read_text()
+    step = {k for k in re.findall(r"^\| `([a-z_]+)`", text.split("<!-- plan-json-keys -->")[1], re.M)}
+    extra = set(re.findall(r"^\| `([a-z_]+)`", text.split("<!-- plan-dp-json-keys -->")[1], re.M))
+    assert set(data) == step | extra
+    assert data["memory"] is None and data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
