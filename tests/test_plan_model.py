@@ -244,3 +244,16 @@ def test_data_parallel_plan_json_keys_are_the_documented_ones(tmp_path: Path) ->
     extra = set(re.findall(r"^\| `([a-z_]+)`", text.split("<!-- plan-dp-json-keys -->")[1], re.M))
     assert set(data) == step | extra
     assert data["memory"] is None and data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
+
+
+def test_every_collective_is_priced_as_ringtree_sim_prices_it() -> None:
+    """TP all-reduces under `native` cost what `ringtree sim --algorithm native` says for the group."""
+    from ringtree.sim.allreduce import allreduce_time
+    from ringtree.sim.plan import tp_group
+
+    cluster = H100.cluster(2)
+    row = plan(SMALL, Training(16, 1, 8), cluster, H100.gpu, "native")
+    one = allreduce_time("native", tp_group(cluster, 8), 2048 * 1024 * 2, "closed-form", 2)
+    assert one.method == "nccl-model"
+    per_step = row.micro_batches * 4 * SMALL.layers  # 2 forward + 2 backward per layer
+    assert row.tp_comm_s == pytest.approx(per_step * one.seconds)

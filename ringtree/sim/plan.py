@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+from ringtree.sim.allreduce import allreduce_time as sim_allreduce_time
 from ringtree.sim.closed_form import ALGORITHMS, check_algorithm
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.measured import allreduce_seconds
@@ -258,9 +259,13 @@ def tp_group(cluster: Cluster, tp: int, spread: bool = False) -> Cluster:
     if tp < 1 or cluster.ranks % tp:
         raise ValueError(f"tp={tp} must divide the {cluster.ranks} ranks of the cluster")
     if spread:
-        return Cluster(tp, 1, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
+        return Cluster(
+            tp, 1, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node, cluster.nccl
+        )
     if cluster.gpus_per_node % tp == 0:
-        return Cluster(1, tp, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
+        return Cluster(
+            1, tp, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node, cluster.nccl
+        )
     if tp % cluster.gpus_per_node:
         raise ValueError(f"tp={tp} must divide or be a multiple of the {cluster.gpus_per_node} GPUs per node")
     return Cluster(
@@ -270,6 +275,7 @@ def tp_group(cluster: Cluster, tp: int, spread: bool = False) -> Cluster:
         cluster.inter,
         cluster.gamma,
         cluster.nics_per_node,
+        cluster.nccl,
     )
 
 
@@ -285,7 +291,7 @@ def dp_group(cluster: Cluster, tp: int, dp: int) -> Cluster:
         share = cluster.nics_per_node / concurrent
         inter = Link(inter.name, inter.alpha_s, inter.bandwidth_Bps * share)
     return Cluster(
-        nodes, local, cluster.intra, inter, cluster.gamma, min(nics, local), measured=cluster.measured
+        nodes, local, cluster.intra, inter, cluster.gamma, min(nics, local), cluster.nccl, cluster.measured
     )
 
 
@@ -301,16 +307,20 @@ def collective_s(kind: str, algorithm: str, group: Cluster | None, nbytes: int, 
     as ring, halving-doubling and NCCL run it (nccl-tests' bus-bandwidth factors, 2(p-1)/p vs (p-1)/p)."""
     if group is None or group.ranks == 1 or nbytes <= 0:
         return 0.0
-    if group.measured is None and group.nccl is None:  # the closed form depends on these fields only
-        seconds = _closed_form_s(algorithm, group, nbytes, itemsize)
-    else:
+    if group.measured is not None:
         seconds = allreduce_seconds(algorithm, group, nbytes, itemsize)
+    elif group.nccl is None:  # the time depends on the group's (hashable) fields only: remembered
+        seconds = _sim_s(algorithm, group, nbytes, itemsize)
+    else:
+        seconds = sim_allreduce_time(algorithm, group, nbytes, "closed-form", itemsize).seconds
     return seconds if kind == "all_reduce" else seconds / 2
 
 
 @functools.lru_cache(maxsize=4096)
-def _closed_form_s(algorithm: str, group: Cluster, nbytes: int, itemsize: int) -> float:
-    return allreduce_seconds(algorithm, group, nbytes, itemsize)
+def _sim_s(algorithm: str, group: Cluster, nbytes: int, itemsize: int) -> float:
+    """`ringtree sim`'s all-reduce time: NCCL's own cost model for `native` on a GPU cluster, else
+    the algorithm's closed form."""
+    return sim_allreduce_time(algorithm, group, nbytes, "closed-form", itemsize).seconds
 
 
 @dataclass(frozen=True)
