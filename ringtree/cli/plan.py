@@ -403,8 +403,8 @@ def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:
 
     level, share = bottleneck(config, cluster, result["algorithm"])
     print_table(
-        f"ringtree plan: {result['config']['params'] / 1e6:.1f}M params, {result['grad_bytes'] / 1e6:.0f} MB of "
-        f"gradients, {result['cluster_title']}",
+        f"ringtree plan: {result['config']['params'] / 1e6:.1f}M params, "
+        f"{result['grad_bytes'] / 1e6:.0f} MB of gradients, {result['cluster_title']}",
         ["algorithm", "all-reduce (s)", "step (s)", "samples/s", "speedup vs 1 node", "efficiency"],
         [
             [

@@ -302,8 +302,8 @@ def stage_link(cluster: Cluster, inner: int) -> Link:
 
 
 def collective_s(kind: str, algorithm: str, group: Cluster | None, nbytes: int, itemsize: int) -> float:
-    """One collective over a group, priced by the planner's all-reduce cost (measured rows when the
-    cluster has them, else the closed form): a reduce-scatter or an all-gather is half an all-reduce,
+    """One collective over a group, priced as `ringtree sim` prices an all-reduce (a calibration's
+    measured rows when the cluster has them): a reduce-scatter or an all-gather is half an all-reduce,
     as ring, halving-doubling and NCCL run it (nccl-tests' bus-bandwidth factors, 2(p-1)/p vs (p-1)/p)."""
     if group is None or group.ranks == 1 or nbytes <= 0:
         return 0.0
@@ -374,7 +374,7 @@ def _sizes(work: StepWork) -> list[int]:
 def _reduce_s(work: StepWork, layout: Layout, group: Cluster, algorithm: str) -> tuple[float, list[float]]:
     """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter."""
     kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
-    sizes = buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
+    sizes = _sizes(work)
     cache = {n: collective_s(kind, algorithm, group, n, work.itemsize) for n in set(sizes)}
     times = [cache[n] for n in sizes]
     return sum(times), times
@@ -463,7 +463,7 @@ def _zero_param_gather_s(
     --overlap-param-gather) behind the next step's forwards, else exposed."""
     if layout.zero not in (1, 2):
         return 0.0
-    sizes = buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
+    sizes = _sizes(work)
     total = sum(
         collective_s("all_gather", algorithm, group, n, work.itemsize) * sizes.count(n) for n in set(sizes)
     )
