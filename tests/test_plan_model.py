@@ -72,6 +72,7 @@ def test_degrees_that_do_not_divide_are_refused(run: Training, words: str) -> No
         (["--zero", "4"], "--zero 4 is not a ZeRO stage"),
         (["--mlp", "relu"], "unknown --mlp 'relu'"),
         (["--kv-heads", "5"], "--kv-heads 5 must divide --heads 16"),
+        (["--kv-heads", "0"], "--kv-heads must be at least 1"),
     ],
 )
 def test_cli_refuses_bad_layouts_in_one_sentence(args: list[str], words: str, tmp_path: Path) -> None:

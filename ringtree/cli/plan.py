@@ -624,6 +624,9 @@ def _shape(model: str | None, dims: dict[str, Any]) -> Any:
     if base is None and model not in (None, "transformer"):
         raise ValueError(f"unknown transformer {model!r}; choose transformer or one of {', '.join(MODELS)}")
     given = {k: v for k, v in dims.items() if v is not None}
+    for name in ("kv_heads", "ffn_hidden"):
+        if given.get(name, 1) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {given[name]}")
     if base is None:
         missing = [f"--{k}" for k in ("layers", "hidden", "heads", "seq", "vocab") if k not in given]
         if missing:
