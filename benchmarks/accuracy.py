@@ -272,7 +272,7 @@ def row(
     measured communication, and the run's compute (its step less the exposed communication)
     against the one-node step it was predicted from.
     """
-    predicted = float(plan.get("step_s", plan.get("step_time_s")))
+    predicted = float(plan["step_s"])
     measured = float(run["step_time_s"])
     return {
         "model": model,
@@ -287,8 +287,8 @@ def row(
         "predicted_speedup": nodes * t1 / predicted,
         "measured_speedup": nodes * t1 / measured,
         "pays_off_predicted_correctly": (nodes * t1 / predicted > 1) == (nodes * t1 / measured > 1),
-        "predicted_compute_s": plan["compute_time_s"],
-        "predicted_allreduce_s": plan["allreduce_time_s"],
+        "predicted_compute_s": plan["breakdown"]["compute_s"],
+        "predicted_allreduce_s": plan["dp_allreduce_s"],
         "predicted_wait_s": plan.get("sync_wait_s", 0.0),
         "predicted_error_bar_s": (plan.get("explain") or {}).get("error_bar_s"),
         "measured_comm_s": run["comm_time_s"],

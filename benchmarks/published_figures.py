@@ -9,8 +9,10 @@ import statistics
 
 from ringtree.sim import INTER, INTRA, Cluster, Link, estimate
 from ringtree.sim.clusters import get
+from ringtree.sim.layout import Training
 from ringtree.sim.plan import StepConfig, predict_step
-from ringtree.sim.transformer import Training, Transformer, plan
+from ringtree.sim.predictor import plan
+from ringtree.sim.transformer import Transformer
 
 # Narayanan et al. 2021, table 1: (params B, heads, hidden, layers, t, p, GPUs, batch, TFLOP/s per GPU).
 MEGATRON = [
@@ -40,7 +42,12 @@ def megatron() -> list[tuple[str, float, float]]:
     for size, a, h, layers, t, p, n, batch, published in MEGATRON:
         model = Transformer(layers, h, a, 2048, 51200)
         rows = [
-            plan(model, Training(batch, b, t, p, "fp16", "full"), preset.cluster(n // 8), preset.gpu)
+            plan(
+                model,
+                Training(batch, b, t, p, "fp16", "full", flash_attention=False),
+                preset.cluster(n // 8),
+                preset.gpu,
+            )
             for b in (1, 2, 4, 8)
             if batch % (n // (t * p) * b) == 0
         ]
@@ -49,7 +56,7 @@ def megatron() -> list[tuple[str, float, float]]:
         out.append(
             (
                 f"Megatron-LM GPT {size}B, t={t} p={p}, {n} A100s, b={b}",
-                best.details["tflops_per_gpu"],
+                best.hardware_tflops_per_gpu,
                 published,
             )
         )

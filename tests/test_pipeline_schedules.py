@@ -25,7 +25,8 @@ from ringtree.schedules.pipeline_verify import (
     staleness,
 )
 from ringtree.sim.hardware import Link
-from ringtree.sim.pipeline import StageCosts, predict_pipeline, replay_pipeline
+from ringtree.sim.pipeline import StageCosts, replay_pipeline
+from ringtree.sim.plan import predict_pipeline
 from ringtree.train.models import ViT
 from ringtree.train.stages import model_layers
 

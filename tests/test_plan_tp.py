@@ -48,7 +48,7 @@ def test_plan_cli_with_tp(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     tp = json.loads(out.read_text())["tensor_parallel"]
     assert tp["inside_node"]["tp"] == 8 and tp["across_nodes"]["tp_link"] == "inter"
-    assert tp["across_nodes"]["step_time_s"] > tp["inside_node"]["step_time_s"]
+    assert tp["across_nodes"]["step_s"] > tp["inside_node"]["step_s"]
     bad = CliRunner().invoke(
         app,
         [

@@ -13,9 +13,19 @@ from ringtree.cli.app import app
 from ringtree.sim import INTER, INTRA, Cluster, Link
 from ringtree.sim.clusters import CLUSTERS, get, preset_cluster
 from ringtree.sim.explain import level_bounds, seed_derivation
-from ringtree.sim.pipeline import predict_pipeline
-from ringtree.sim.plan import Layout, StepConfig, StepWork, predict, predict_step, with_run_wait
-from ringtree.sim.transformer import Training, Transformer, activation_bytes_per_layer, memory, plan
+from ringtree.sim.layout import Training
+from ringtree.sim.memory import activation_bytes_per_layer, memory
+from ringtree.sim.plan import (
+    Layout,
+    StepConfig,
+    StepWork,
+    predict,
+    predict_pipeline,
+    predict_step,
+    with_run_wait,
+)
+from ringtree.sim.predictor import plan
+from ringtree.sim.transformer import Transformer
 
 runner = CliRunner()
 TINY = Transformer(layers=2, hidden=64, heads=4, seq=16, vocab=100)
@@ -54,21 +64,27 @@ def test_flops_and_params_by_hand() -> None:
     assert TINY.step_flops(1) == 3 * (2 * layer + logits)
     assert TINY.step_flops(1, "full") == 3 * (2 * layer + logits) + 2 * layer
     assert TINY.step_flops(1, "selective") == 3 * (2 * layer + logits) + 2 * 4 * tokens * 16 * 64
-    assert TINY.params == int(12 * 2 * 64 * 64 * (1 + 13 / (12 * 64) + 116 / (12 * 2 * 64)))
+    assert TINY.params == pytest.approx(12 * 2 * 64 * 64 * (1 + 13 / (12 * 64) + 116 / (12 * 2 * 64)), abs=1)
     assert Transformer(96, 12288, 96, 2048, 51200).params == pytest.approx(174.6e9, rel=0.001)
 
 
 def test_activation_memory_by_hand() -> None:
+    """Korthikanti et al. 2022, table 2: without flash attention the scores are stored; with it not."""
     sbh = 16 * 2 * 64  # s b h with b = 2
-    assert activation_bytes_per_layer(TINY, 2, 1, "none") == sbh * (10 + 24 + 5 * 4 * 16 / 64)
-    assert activation_bytes_per_layer(TINY, 2, 2, "selective") == sbh * (10 + 12)
-    assert activation_bytes_per_layer(TINY, 2, 2, "full") == 2 * sbh
+    unfused = Training(8, 2, flash_attention=False)
+    assert activation_bytes_per_layer(TINY, unfused) == sbh * (10 + 24 + 5 * 4 * 16 / 64)
+    assert activation_bytes_per_layer(TINY, Training(8, 2, tp=2, recompute="selective")) == sbh * (10 + 12)
+    assert activation_bytes_per_layer(TINY, Training(8, 2, tp=2, recompute="full")) == 2 * sbh
     gpu = get("dgx-a100").gpu
-    m = memory(TINY, 2, 1, 2, 8, "none", gpu)  # 1F1B: the first stage holds min(p, m) = 2 micro-batches
-    assert m.weights_and_optimizer == 16 * TINY.params / 2
-    assert m.activations == 2 * 1 * activation_bytes_per_layer(TINY, 2, 1, "none") and m.fits
-    big = memory(Transformer(96, 12288, 96, 2048, 51200), 1, 1, 1, 1, "none", gpu)
-    assert not big.fits and big.weights_and_optimizer > 2e12
+    m = memory(TINY, Training(32, 2, pp=2, flash_attention=False), 8, 2, gpu)  # first stage: min(p, m) = 2
+    first = m["stages"][0]
+    assert first["weights_grads_optimizer_GiB"] * 2**30 == pytest.approx(
+        16 * (TINY.layer_params + TINY.embedding_params)
+    )
+    assert first["activations_GiB"] * 2**30 == pytest.approx(2 * activation_bytes_per_layer(TINY, unfused))
+    assert m["fits"]
+    big = memory(Transformer(96, 12288, 96, 2048, 51200), Training(8), 1, 8, gpu)
+    assert not big["fits"] and big["weights_grads_optimizer_GiB"] * 2**30 > 2e12
 
 
 def test_compute_runs_below_peak_for_small_shapes() -> None:
@@ -95,8 +111,9 @@ def test_megatron_gpt3_175b_lands_near_the_paper() -> None:
     """Narayanan et al. 2021, table 1: 145.6B (l=80, h=12288) on 1536 A100s, t=8 p=8, 148 TFLOP/s."""
     preset = get("dgx-a100")
     model = Transformer(80, 12288, 96, 2048, 51200)
-    row = plan(model, Training(2304, 1, 8, 8, "fp16", "full"), preset.cluster(192), preset.gpu)
-    assert row.details["tflops_per_gpu"] == pytest.approx(148, rel=0.15)
+    run = Training(2304, 1, 8, 8, "fp16", "full", flash_attention=False)
+    row = plan(model, run, preset.cluster(192), preset.gpu)
+    assert row.hardware_tflops_per_gpu == pytest.approx(148, rel=0.15)
     assert row.memory is not None and row.memory["fits"]
 
 
@@ -111,7 +128,8 @@ def test_plan_transformer_cli_json(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert (data["tp"], data["pp"], data["dp"], data["micro_batches"]) == (2, 2, 2, 16)
     assert data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
-    assert set(data["breakdown"]) == {"compute_s", "tp_comm_s", "pp_bubble_s", "sync_wait_s", "exposed_dp_s"}
+    assert set(data["breakdown"]) == {"compute_s", "optimizer_s", "tp_comm_s", "cp_comm_s", "pp_bubble_s",
+                                      "sync_wait_s", "exposed_dp_s", "exposed_zero_gather_s"}  # fmt: skip
     assert 0 < data["mfu"] < 1 and data["memory"]["fits"]
 
 
@@ -131,7 +149,7 @@ def test_plan_search_ranks_configurations_that_fit(tmp_path: Path) -> None:
     steps = [c["step_s"] for c in data["configurations"]]
     assert steps == sorted(steps) and data["step_s"] == steps[0] and len(steps) > 5
     assert all(c["memory"]["fits"] for c in data["configurations"])
-    assert {c["tp"] for c in data["configurations"]} >= {1, 2, 8}
+    assert data["layouts_fit"] >= len(steps) == 10 and "runner-up" in data["why"]
 
 
 def test_plan_from_run_predicts_more_nodes(tmp_path: Path) -> None:
@@ -148,8 +166,10 @@ def test_plan_from_run_predicts_more_nodes(tmp_path: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["step_s"] == pytest.approx(0.4 + data["sync_wait_s"] + data["dp_allreduce_s"])
-    assert data["sync_wait_s"] == pytest.approx(max(0.0, 0.02 - data["predicted_run_step_s"] + 0.4), abs=1e-9)
+    assert data["step_s"] == pytest.approx(0.4 + data["breakdown"]["sync_wait_s"] + data["dp_allreduce_s"])
+    assert data["breakdown"]["sync_wait_s"] == pytest.approx(
+        max(0.0, 0.02 - data["predicted_run_step_s"] + 0.4), abs=1e-9
+    )
     assert data["speedup"] == pytest.approx(3 * 0.42 / data["step_s"])
     assert data["explain"]["error_bar_s"] == pytest.approx(0.1 * data["dp_allreduce_s"])
     assert data["explain"]["bottleneck"].startswith("inter")
@@ -195,7 +215,7 @@ def test_the_seed_derivation_and_bounds() -> None:
         (["--model", "transformer", "--global-batch", "8", "--cluster", "dgx-a100"], "--layers"),
         (["--model", "gpt-1.3b", "--global-batch", "7", "--cluster", "dgx-a100"], "--global-batch 7"),
         (["--model", "gpt-1.3b", "--global-batch", "8"], "--cluster"),
-        (["--model", "gpt-1.3b", "--global-batch", "8", "--cluster", "dgx-a100", "--tp", "3"], "tp=3"),
+        (["--model", "gpt-1.3b", "--global-batch", "8", "--cluster", "dgx-a100", "--tp", "3"], "--tp 3"),
         (["--model", "gpt-1.3b", "--global-batch", "8", "--cluster", "nope"], "dgx-a100"),
         (["--model", "gpt-1.3b", "--global-batch", "8", "--cluster", "dgx-a100", "--recompute", "x"], "full"),
         (["--model", "vit-base", "--compute-time", "1", "--cluster", "eth-10g", "--calibration", "x.json"],

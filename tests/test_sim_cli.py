@@ -99,9 +99,9 @@ def test_plan_reference_case_json_and_plot(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     plan = json.loads(out.read_text())
     assert plan["algorithm"] == "ring" and plan["recommended_algorithm"] == "hierarchical"
-    assert 0.26 <= plan["allreduce_time_s"] <= 0.275
-    assert plan["step_time_s"] == pytest.approx(0.675, abs=0.01)
-    assert plan["compute_time_s"] == 0.4
+    assert 0.26 <= plan["dp_allreduce_s"] <= 0.275
+    assert plan["step_s"] == pytest.approx(0.675, abs=0.01)
+    assert plan["breakdown"]["compute_s"] == 0.4
     assert plan["speedup_vs_one_node"] == pytest.approx(1.86, abs=0.03)
     assert plan["scaling_efficiency"] == pytest.approx(plan["speedup_vs_one_node"] / 3)
     assert png.stat().st_size > 1000
@@ -116,6 +116,6 @@ def test_plan_counts_a_real_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     args = ["plan", "--module", "tiny_model:make", "--compute-time", "0.01", "--intra", "nvlink-a100",
             "--json", str(out)]  # fmt: skip
     assert runner.invoke(app, args).exit_code == 0
-    assert json.loads(out.read_text())["params"] == 1010
+    assert json.loads(out.read_text())["config"]["params"] == 1010
     result = runner.invoke(app, ["plan", "--model", "vit-base", "--params", "1M", "--compute-time", "1"])
     assert result.exit_code == 2 and "exactly one" in result.output

@@ -48,7 +48,7 @@ def calibrated(tmp_path: Path, rows: list[dict[str, Any]], nodes: int) -> Cluste
 
 def planned_allreduce(cluster: Cluster, nbytes: int, algorithm: str) -> float:
     config = StepConfig(params=nbytes // 4, compute_time_s=0.01)
-    return predict_step(config, cluster, algorithm).allreduce_time_s
+    return predict_step(config, cluster, algorithm).dp_allreduce_s
 
 
 def between(rows: list[dict[str, Any]], nbytes: int) -> float:
@@ -139,10 +139,10 @@ def test_plan_cli_native_from_native_rows(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     plan = json.loads(out.read_text())
     native_rows = [r for r in rows if r["algorithm"] == "native"]
-    assert plan["algorithm"] == "native" and plan["allreduce_time_s"] == pytest.approx(
+    assert plan["algorithm"] == "native" and plan["dp_allreduce_s"] == pytest.approx(
         between(native_rows, 104_488), rel=1e-6
     )
-    assert {"step_s", "step_time_s", "speedup_vs_one_node"} <= set(plan)
+    assert {"step_s", "speedup_vs_one_node"} <= set(plan) and "step_time_s" not in plan
 
 
 def test_nondecreasing_pools_violators() -> None:

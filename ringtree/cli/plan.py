@@ -18,55 +18,172 @@ _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 @app.command()
 def plan(
     model: str | None = typer.Option(
-        None, help="A model preset (vit-base, resnet50, gpt3-175b, llama-7b, ...) or 'transformer'."
+        None,
+        help="A model preset (vit-base, resnet50, gpt3-175b, llama-7b, ...) or 'transformer'.",
+        rich_help_panel="Model",
     ),
-    params: str | None = typer.Option(None, help="Parameter count instead of a preset, e.g. 86M, 1.5B."),
-    module: str | None = typer.Option(None, help="pkg.mod:factory returning a torch.nn.Module to count."),
-    grad_dtype: str = typer.Option("fp32", help="Gradient dtype: fp32, fp16 or bf16."),
-    compute_time: float | None = typer.Option(
-        None, help="Seconds of forward+backward per step on one device."
+    layers: int | None = typer.Option(None, help="Transformer model: layers.", rich_help_panel="Model"),
+    hidden: int | None = typer.Option(None, help="Transformer model: hidden size.", rich_help_panel="Model"),
+    heads: int | None = typer.Option(
+        None, help="Transformer model: attention heads.", rich_help_panel="Model"
     ),
-    measure: bool = typer.Option(False, help="Time the --module here instead (needs --input-shape)."),
-    input_shape: str | None = typer.Option(None, help="Input shape for --measure, e.g. 32,3,224,224."),
-    nodes: int = typer.Option(1, help="Nodes."),
-    gpus_per_node: int | None = typer.Option(None, help="Devices per node (default 8, or the --cluster's)."),
-    intra: str | None = typer.Option(None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'."),
-    inter: str | None = typer.Option(None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'."),
-    nics_per_node: int | None = typer.Option(None, help="NICs per node (default 1, or the --cluster's)."),
+    seq: int | None = typer.Option(None, help="Transformer model: sequence length.", rich_help_panel="Model"),
+    vocab: int | None = typer.Option(
+        None, help="Transformer model: vocabulary size.", rich_help_panel="Model"
+    ),
+    kv_heads: int | None = typer.Option(
+        None, help="Key/value heads (grouped-query attention; default: --heads).", rich_help_panel="Model"
+    ),
+    ffn_hidden: int | None = typer.Option(
+        None, help="MLP width (default 4 x --hidden).", rich_help_panel="Model"
+    ),
+    mlp: str | None = typer.Option(
+        None, help="MLP: gelu (two h x F matrices) or swiglu (three).", rich_help_panel="Model"
+    ),
+    pp: int = typer.Option(
+        1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel="Layout"
+    ),
+    schedule: str = typer.Option(
+        "1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream.", rich_help_panel="Layout"
+    ),
+    tp: int = typer.Option(
+        1,
+        help="Tensor-parallel degree: also predict a DP x TP step (transformers).",
+        rich_help_panel="Layout",
+    ),
+    cp: int = typer.Option(
+        1, help="Context-parallel degree: the sequence split over CP ranks.", rich_help_panel="Layout"
+    ),
+    virtual_stages: int = typer.Option(
+        1, help="Model chunks per pipeline rank (interleaved 1F1B).", rich_help_panel="Layout"
+    ),
+    sequence_parallel: bool = typer.Option(
+        False,
+        "--sequence-parallel",
+        help="Megatron's sequence parallelism over the TP group.",
+        rich_help_panel="Layout",
+    ),
+    zero: int = typer.Option(
+        0,
+        help="ZeRO stage: 0 replicated, 1 optimizer, 2 + gradients, 3 + parameters sharded.",
+        rich_help_panel="Layout",
+    ),
+    flash_attention: bool = typer.Option(
+        True,
+        "--flash-attention/--no-flash-attention",
+        help="Attention as flash attention (default) or unfused.",
+        rich_help_panel="Layout",
+    ),
+    global_batch: int | None = typer.Option(
+        None, help="Transformer model: sequences per optimizer step.", rich_help_panel="Layout"
+    ),
+    micro_batch: int | None = typer.Option(
+        None, help="Transformer model: sequences per micro-batch (1).", rich_help_panel="Layout"
+    ),
+    dtype: str = typer.Option("bf16", help="Transformer model: fp16 or bf16.", rich_help_panel="Layout"),
+    recompute: str | None = typer.Option(
+        None,
+        help="Transformer model: activation recompute none (default)|selective|full.",
+        rich_help_panel="Layout",
+    ),
+    search: bool = typer.Option(
+        False, help="Rank every TP x PP x DP x micro-batch that fits in memory.", rich_help_panel="Layout"
+    ),
+    nodes: int = typer.Option(1, help="Nodes.", rich_help_panel="Cluster"),
+    gpus_per_node: int | None = typer.Option(
+        None, help="Devices per node (default 8, or the --cluster's).", rich_help_panel="Cluster"
+    ),
+    intra: str | None = typer.Option(
+        None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
+    ),
+    inter: str | None = typer.Option(
+        None, help="Inter-node link: a preset, FILE.json or 'bw=..,lat=..'.", rich_help_panel="Cluster"
+    ),
+    nics_per_node: int | None = typer.Option(
+        None, help="NICs per node (default 1, or the --cluster's).", rich_help_panel="Cluster"
+    ),
     cluster_name: str | None = typer.Option(
-        None, "--cluster", help="A cluster preset: dgx-a100, dgx-h100, p4d.24xlarge, eth-10g, ..."
+        None,
+        "--cluster",
+        help="A cluster preset: dgx-a100, dgx-h100, p4d.24xlarge, eth-10g, ...",
+        rich_help_panel="Cluster",
     ),
-    calibration: Path | None = typer.Option(None, help="A `ringtree calibrate` file for unnamed links."),
-    algorithm: str = typer.Option("auto", help="The algorithm to report, or auto (the fastest)."),
-    overlap: bool = typer.Option(False, "--overlap/--no-overlap", help="Overlap all-reduce with backward."),
-    bucket_mb: float = typer.Option(25.0, help="Fusion bucket size in MiB."),
-    compression: str | None = typer.Option(None, help="All-reduce gradients as fp16 or bf16."),
-    accumulate: int = typer.Option(1, help="Micro-steps of gradient accumulation per all-reduce."),
-    batch_size: int = typer.Option(32, help="Samples per device per micro-step (for samples/s)."),
-    pp: int = typer.Option(1, help="Pipeline stages: also predict a pipeline step (replayed schedule)."),
-    micro_batches: int = typer.Option(4, help="Micro-batches per pipeline step (with --pp)."),
-    schedule: str = typer.Option("1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream."),
-    activation_mb: float = typer.Option(0.0, help="MB of one micro-batch's activation between stages."),
-    tp: int = typer.Option(1, help="Tensor-parallel degree: also predict a DP x TP step (transformers)."),
+    calibration: Path | None = typer.Option(
+        None, help="A `ringtree calibrate` file for unnamed links.", rich_help_panel="Cluster"
+    ),
+    algorithm: str = typer.Option(
+        "auto", help="The algorithm to report, or auto (the fastest).", rich_help_panel="Cluster"
+    ),
+    params: str | None = typer.Option(
+        None,
+        help="Parameter count instead of a preset, e.g. 86M, 1.5B.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    module: str | None = typer.Option(
+        None,
+        help="pkg.mod:factory returning a torch.nn.Module to count.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    grad_dtype: str = typer.Option(
+        "fp32", help="Gradient dtype: fp32, fp16 or bf16.", rich_help_panel="Data-parallel planner"
+    ),
+    compute_time: float | None = typer.Option(
+        None,
+        help="Seconds of forward+backward per step on one device.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    measure: bool = typer.Option(
+        False,
+        help="Time the --module here instead (needs --input-shape).",
+        rich_help_panel="Data-parallel planner",
+    ),
+    input_shape: str | None = typer.Option(
+        None, help="Input shape for --measure, e.g. 32,3,224,224.", rich_help_panel="Data-parallel planner"
+    ),
+    overlap: bool = typer.Option(
+        False,
+        "--overlap/--no-overlap",
+        help="Overlap all-reduce with backward.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    bucket_mb: float = typer.Option(
+        25.0, help="Fusion bucket size in MiB.", rich_help_panel="Data-parallel planner"
+    ),
+    compression: str | None = typer.Option(
+        None, help="All-reduce gradients as fp16 or bf16.", rich_help_panel="Data-parallel planner"
+    ),
+    accumulate: int = typer.Option(
+        1,
+        help="Micro-steps of gradient accumulation per all-reduce.",
+        rich_help_panel="Data-parallel planner",
+    ),
+    batch_size: int = typer.Option(
+        32, help="Samples per device per micro-step (for samples/s).", rich_help_panel="Data-parallel planner"
+    ),
+    micro_batches: int = typer.Option(
+        4, help="Micro-batches per pipeline step (with --pp).", rich_help_panel="Data-parallel planner"
+    ),
+    activation_mb: float = typer.Option(
+        0.0,
+        help="MB of one micro-batch's activation between stages.",
+        rich_help_panel="Data-parallel planner",
+    ),
     shape: str | None = typer.Option(
         None,
         help="With --tp: LAYERS,HIDDEN,SEQ of the transformer (presets know theirs), e.g. 96,12288,2048.",
+        rich_help_panel="Data-parallel planner",
     ),
-    layers: int | None = typer.Option(None, help="Transformer model: layers."),
-    hidden: int | None = typer.Option(None, help="Transformer model: hidden size."),
-    heads: int | None = typer.Option(None, help="Transformer model: attention heads."),
-    seq: int | None = typer.Option(None, help="Transformer model: sequence length."),
-    vocab: int | None = typer.Option(None, help="Transformer model: vocabulary size."),
-    global_batch: int | None = typer.Option(None, help="Transformer model: sequences per optimizer step."),
-    micro_batch: int | None = typer.Option(None, help="Transformer model: sequences per micro-batch (1)."),
-    dtype: str = typer.Option("bf16", help="Transformer model: fp16 or bf16."),
-    recompute: str | None = typer.Option(
-        None, help="Transformer model: activation recompute none (default)|selective|full."
+    from_run: Path | None = typer.Option(
+        None,
+        help="A `ringtree train --json` summary of a one-node run.",
+        rich_help_panel="Data-parallel planner",
     ),
-    search: bool = typer.Option(False, help="Rank every TP x PP x DP x micro-batch that fits in memory."),
-    from_run: Path | None = typer.Option(None, help="A `ringtree train --json` summary of a one-node run."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write the plan as JSON here."),
-    plot: Path | None = typer.Option(None, help="PNG of the speedup from 1 to --nodes nodes."),
+    json_path: Path | None = typer.Option(
+        None, "--json", help="Write the plan as JSON here.", rich_help_panel="Output"
+    ),
+    plot: Path | None = typer.Option(
+        None, help="PNG of the speedup from 1 to --nodes nodes.", rich_help_panel="Output"
+    ),
 ) -> None:
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
@@ -75,8 +192,13 @@ def plan(
     from ringtree.sim.transformer import MODELS as TRANSFORMERS
 
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
-    shape_given = any(x is not None for x in (layers, hidden, heads, seq, vocab, global_batch))
-    transformer_only = shape_given or search or micro_batch is not None or recompute is not None
+    shape_given = any(
+        x is not None for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp)
+    )
+    parallel_given = cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
+    transformer_only = (
+        shape_given or parallel_given or search or micro_batch is not None or recompute is not None
+    )
     if from_run is not None:
         given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
                  "--measure": measure or None, "--input-shape": input_shape, "--overlap": overlap or None,
@@ -95,15 +217,22 @@ def plan(
     if transformer and dp_inputs:
         _refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
     if transformer:
-        dims = (layers, hidden, heads, seq, vocab)
+        dims = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab,
+                "kv_heads": kv_heads, "ffn_hidden": ffn_hidden, "mlp": mlp}  # fmt: skip
         legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot,
                   "--shape": shape, "--accumulate": None if accumulate == 1 else accumulate,
                   "--batch-size": None if batch_size == 32 else batch_size,
                   "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype}  # fmt: skip
-        if search and (tp > 1 or pp > 1 or micro_batch is not None):
-            _refuse(["--tp", "--pp", "--micro-batch"], "--search (it chooses them)")
+        chosen = {"--tp": tp > 1, "--pp": pp > 1, "--cp": cp > 1, "--virtual-stages": virtual_stages > 1,
+                  "--sequence-parallel": sequence_parallel, "--zero": zero > 0,
+                  "--micro-batch": micro_batch is not None}  # fmt: skip
+        if search:
+            _refuse([k for k, v in chosen.items() if v], "--search (it chooses them)")
+        layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
+                  "sequence_parallel": sequence_parallel, "zero": zero,
+                  "flash_attention": flash_attention}  # fmt: skip
         return _transformer(
-            model, dims, global_batch, micro_batch or 1, tp, pp, dtype, recompute, overlap, bucket_mb,
+            model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
         )  # fmt: skip
     try:
@@ -120,7 +249,7 @@ def plan(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
-    _print(result)
+    _print(result, config, cluster)
     _explain(result, config, cluster, calibration)
     if pp > 1:
         result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
@@ -187,7 +316,7 @@ class ClusterOptions:
 def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
     """Every algorithm's prediction, the chosen one's headline numbers, and the recommendation."""
     from ringtree.sim import ALGORITHMS
-    from ringtree.sim.plan import bottleneck, predict_step, recommend, speedup_vs_one_node
+    from ringtree.sim.plan import predict_step, recommend, speedup_vs_one_node
 
     best, reason = recommend(config, cluster)
     chosen = best if algorithm == "auto" else algorithm
@@ -199,14 +328,10 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
             {**p.as_dict(), "speedup_vs_one_node": speedup, "scaling_efficiency": speedup / cluster.nodes}
         )
     head = next(r for r in rows if r["algorithm"] == chosen)
-    level, share = bottleneck(config, cluster, chosen)
     return {
         **head,
         "recommended_algorithm": best,
         "reason": reason,
-        "bottleneck": level,
-        "bottleneck_share": share,
-        "params": config.params,
         "grad_bytes": config.grad_bytes,
         "config": dataclasses.asdict(config),
         "cluster": cluster.as_dict(),
@@ -218,7 +343,7 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
 def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, activation_mb: float) -> Any:
     """The pipeline step replayed over the intra-node link (the inter-node one when pp spans nodes)."""
     from ringtree.schedules.pipeline import check_pipeline
-    from ringtree.sim.pipeline import predict_pipeline
+    from ringtree.sim.plan import predict_pipeline
 
     try:
         check_pipeline(pp, m, schedule, "params")
@@ -261,8 +386,8 @@ def _tensor_parallel(
     for where, row in (("inside a node", inside), ("one rank per node", across)):
         if row is not None:
             console.print(
-                f"tensor parallel tp={tp}, {where} ({row['tp_link']}): step {row['step_time_s']:.4f} s, TP "
-                f"all-reduces {row['tp_comm_s']:.4f} s, {row['samples_per_s']:.1f} samples/s",
+                f"tensor parallel tp={tp}, {where} ({row['tp_link']}): step {row['step_s']:.4f} s, TP "
+                f"all-reduces {row['breakdown']['tp_comm_s']:.4f} s, {row['samples_per_s']:.1f} samples/s",
                 highlight=False,
             )
     return {"inside_node": inside, "across_nodes": across}
@@ -272,16 +397,20 @@ def _cluster_title(cluster: Any) -> str:
     return f"{cluster.nodes} x {cluster.gpus_per_node}, {cluster.intra.name} / {cluster.inter.name}"
 
 
-def _print(result: dict[str, Any]) -> None:
+def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:
+    """The table of algorithms, the bottleneck (in the JSON under `explain`) and the recommendation."""
+    from ringtree.sim.plan import bottleneck
+
+    level, share = bottleneck(config, cluster, result["algorithm"])
     print_table(
-        f"ringtree plan: {result['params'] / 1e6:.1f}M params, {result['grad_bytes'] / 1e6:.0f} MB of "
-        f"gradients, {result['cluster_title']}",
+        f"ringtree plan: {result['config']['params'] / 1e6:.1f}M params, "
+        f"{result['grad_bytes'] / 1e6:.0f} MB of gradients, {result['cluster_title']}",
         ["algorithm", "all-reduce (s)", "step (s)", "samples/s", "speedup vs 1 node", "efficiency"],
         [
             [
                 r["algorithm"],
-                f"{r['allreduce_time_s']:.4f}",
-                f"{r['step_time_s']:.4f}",
+                f"{r['dp_allreduce_s']:.4f}",
+                f"{r['step_s']:.4f}",
                 f"{r['samples_per_s']:.1f}",
                 f"{r['speedup_vs_one_node']:.2f}x",
                 f"{r['scaling_efficiency']:.0%}",
@@ -289,7 +418,7 @@ def _print(result: dict[str, Any]) -> None:
             for r in result["algorithms"]
         ],
     )
-    console.print(f"bottleneck: {result['bottleneck']} ({result['bottleneck_share']:.0%})", highlight=False)
+    console.print(f"bottleneck: {level} ({share:.0%})", highlight=False)
     console.print(f"recommended: {result['reason']}", highlight=False)
 
 
@@ -420,11 +549,10 @@ def _algorithms() -> tuple[str, ...]:
 
 def _transformer(
     model: str | None,
-    dims: tuple[int | None, ...],
+    dims: dict[str, Any],
     global_batch: int | None,
     micro_batch: int,
-    tp: int,
-    pp: int,
+    layout: dict[str, Any],
     dtype: str,
     recompute: str | None,
     overlap: bool,
@@ -436,8 +564,12 @@ def _transformer(
     json_path: Path | None,
     legacy: dict[str, Any],
 ) -> None:
-    """The transformer model: one configuration, or --search over all that fit."""
-    from ringtree.sim import transformer as tf
+    """The transformer model: one layout, or --search over all that fit."""
+    from ringtree.sim.layout import Training
+    from ringtree.sim.predictor import plan
+    from ringtree.sim.search import search as search_layouts
+    from ringtree.sim.search import why
+    from ringtree.sim.transformer import RECOMPUTE
 
     try:
         unused = [k for k, v in legacy.items() if v is not None]
@@ -452,85 +584,100 @@ def _transformer(
         gpu, cluster = links.gpu(), links.cluster()
         chosen = "ring" if algorithm == "auto" else algorithm
         if search:
-            modes = tf.RECOMPUTE if recompute is None else (recompute,)
-            if recompute is not None and recompute not in tf.RECOMPUTE:
-                raise ValueError(
-                    f"unknown --recompute {recompute!r}; choose one of {', '.join(tf.RECOMPUTE)}"
-                )
-            rows = tf.search(shape, global_batch, cluster, gpu, dtype, modes, chosen)
+            if recompute is not None and recompute not in RECOMPUTE:
+                raise ValueError(f"unknown --recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
+            modes = RECOMPUTE if recompute is None else (recompute,)
+            found = search_layouts(shape, global_batch, cluster, gpu, dtype, modes, chosen)
+            rows = found.rows
             if not rows:
                 raise ValueError(
-                    f"no TP x PP x DP x micro-batch of this model fits {cluster.ranks} x {gpu.name}: "
-                    "add nodes or shrink the model"
+                    f"no layout of this model fits {cluster.ranks} x {gpu.name}: add nodes or shrink "
+                    "the model"
                 )
         else:
-            run = tf.Training(
-                global_batch, micro_batch, tp, pp, dtype, recompute or "none", overlap, bucket_mb, schedule
-            )
-            rows = [tf.plan(shape, run, cluster, gpu, chosen)]
+            run = Training(
+                global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
+                bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
+                layout["zero"], layout["flash_attention"],
+            )  # fmt: skip
+            rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _print_transformer(rows, shape, cluster, gpu, search)
+    searched = {}
+    if search:
+        searched = {
+            "layouts_fit": found.fitted,
+            "why": why(found),
+            "configurations": [r.as_dict() for r in rows[:10]],
+        }
+        console.print(f"why: {searched['why']}", highlight=False)
     if json_path is not None:
-        best = rows[0].as_dict()
-        payload = {**best, "configurations": [r.as_dict() for r in rows]} if search else best
-        write_json(json_path, payload)
+        write_json(json_path, {**rows[0].as_dict(), **searched})
 
 
-def _shape(model: str | None, dims: tuple[int | None, ...]) -> Any:
-    """A preset's shape with any of --layers --hidden --heads --seq --vocab replacing its part."""
-    from ringtree.sim.transformer import MODELS, Transformer
+def _shape(model: str | None, dims: dict[str, Any]) -> Any:
+    """A preset's shape with any of the named dimensions replacing its part."""
+    from ringtree.sim.transformer import MODELS, Transformer, with_dims
 
-    names = ("layers", "hidden", "heads", "seq", "vocab")
     base = MODELS.get(model or "")
     if base is None and model not in (None, "transformer"):
         raise ValueError(f"unknown transformer {model!r}; choose transformer or one of {', '.join(MODELS)}")
-    given = dict(zip(names, dims, strict=True))
+    given = {k: v for k, v in dims.items() if v is not None}
+    for name in ("kv_heads", "ffn_hidden"):
+        if given.get(name, 1) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {given[name]}")
     if base is None:
-        missing = [f"--{k}" for k, v in given.items() if v is None]
+        missing = [f"--{k}" for k in ("layers", "hidden", "heads", "seq", "vocab") if k not in given]
         if missing:
             raise ValueError(
                 f"--model transformer needs {' '.join(missing)} (or a preset: {', '.join(MODELS)})"
             )
-        return Transformer(**{k: int(v) for k, v in given.items() if v is not None})
-    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+        return Transformer(**given)
+    return with_dims(base, **given)
 
 
 def _print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, search: bool) -> None:
     title = (
         f"ringtree plan: transformer {shape.params / 1e9:.2f}B params (l={shape.layers}, h={shape.hidden}, "
-        f"a={shape.heads}, s={shape.seq}, V={shape.vocab}) on {_cluster_title(cluster)}, {gpu.name}"
+        f"a={shape.heads}, kv={shape.kv_heads}, F={shape.ffn_hidden} {shape.mlp}, s={shape.seq}, "
+        f"V={shape.vocab}) "
+        f"on {_cluster_title(cluster)}, {gpu.name}"
     )
     print_table(
         title,
-        ["tp", "pp", "dp", "micro-batch", "recompute", "step (s)", "compute", "TP comm", "PP bubble",
-         "exposed DP", "MFU", "memory (GiB)"],
+        ["tp", "cp", "pp", "v", "dp", "zero", "sp", "mb", "recompute", "step (s)", "MFU", "TP comm",
+         "CP comm",
+         "PP bubble", "exposed DP", "memory (GiB)"],
         [
-            [r.tp, r.pp, r.dp, r.details["training"]["micro_batch"], r.details["training"]["recompute"],
-             f"{r.step_s:.3f}", f"{r.compute_s:.3f}", f"{r.tp_comm_s:.3f}", f"{r.pp_bubble_s:.3f}",
-             f"{r.exposed_dp_s:.3f}", f"{r.mfu:.1%}", f"{r.memory['total_GiB']:.1f}"]
+            [r.tp, r.cp, r.pp, r.virtual_stages, r.dp, r.zero, "yes" if r.sequence_parallel else "no",
+             r.details["training"]["micro_batch"], r.details["training"]["recompute"], f"{r.step_s:.3f}",
+             f"{r.mfu:.1%}", f"{r.tp_comm_s:.3f}", f"{r.cp_comm_s:.3f}", f"{r.pp_bubble_s:.3f}",
+             f"{r.exposed_dp_s:.3f}", f"{r.memory['total_GiB']:.1f}"]
             for r in rows[: 10 if search else 1]
         ],
     )  # fmt: skip
     best = rows[0]
-    if search:
-        console.print(f"{len(rows)} configurations fit; the fastest is first", highlight=False)
     shares = ", ".join(
-        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in best.breakdown.items()
+        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}"
+        for k, v in best.breakdown.items()
+        if v
     )
     mem = best.memory
     console.print(
-        f"where the time goes: {shares}; {best.details['tflops_per_gpu']:.0f} TFLOP/s per GPU counting "
-        f"recompute; memory per GPU: weights, gradients and Adam "
-        f"{mem['weights_grads_optimizer_GiB']:.1f} GiB "
-        f"+ activations {mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
+        f"where the time goes: {shares}; {best.tflops_per_gpu:.0f} model TFLOP/s per GPU "
+        f"({best.hardware_tflops_per_gpu:.0f} counting recompute); fullest stage {mem['fullest_stage']}: "
+        "weights, "
+        f"gradients and optimizer {mem['weights_grads_optimizer_GiB']:.1f} GiB + activations "
+        f"{mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
         highlight=False,
     )
-    if not best.memory["fits"]:
+    if not mem["fits"]:
         console.print(
-            f"warning: does not fit: {best.memory['total_GiB']:.1f} GiB per GPU "
-            f"(weights, gradients and Adam {best.memory['weights_grads_optimizer_GiB']:.1f}, activations "
-            f"{best.memory['activations_GiB']:.1f}) > {best.memory['capacity_GiB']:.0f} GiB on a {gpu.name}; "
-            "raise --tp or --pp, use --recompute full, or lower --micro-batch",
+            f"warning: does not fit: pipeline stage {mem['fullest_stage']} needs {mem['total_GiB']:.1f} "
+            f"GiB per GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of a "
+            f"{gpu.name}; "
+            "raise --tp, --pp or --cp, add --zero or --sequence-parallel, use --recompute full, or lower "
+            "--micro-batch",
             highlight=False,
         )

@@ -1,7 +1,7 @@
 """A pipeline schedule on a clock: what each stage does in every time slot, its bubble and its memory.
 
 p stages, m micro-batches, j stage, i micro-batch, k a time slot. A forward takes one slot and a
-backward two (the usual 1:2 ratio, as `ringtree.sim.pipeline.predict_pipeline` assumes); transfers
+backward two (the usual 1:2 ratio, as `ringtree.sim.plan.predict_pipeline` assumes); transfers
 are free. The slots come from the simulator's replay of the schedule, so what is drawn is what
 `ringtree sim` and the runtime play.
 """

@@ -23,6 +23,7 @@ class GPU:
     peak_tflops: dict[str, float]  # fp32 (no tensor cores), tf32, fp16, bf16
     memory_GB: float
     hbm_GBps: float
+    sms: int = 108  # streaming multiprocessors: a GEMM of fewer output tiles leaves some idle
 
     def peak(self, dtype: str) -> float:
         """FLOP/s at the dtype's dense peak; a GPU without bf16 (V100, T4) runs it as fp32."""
@@ -50,13 +51,16 @@ class ClusterPreset:
 
 A100_40 = GPU("a100-sxm4-40gb", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 40, 1555)
 A100_80 = GPU("a100-sxm4-80gb", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}, 80, 2039)
-H100 = GPU("h100-sxm5-80gb", {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}, 80, 3350)
+H100 = GPU("h100-sxm5-80gb", {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}, 80, 3350, 132)
+H200 = GPU("h200-sxm-141gb", {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}, 141, 4800, 132)
+B200 = GPU("b200-sxm-180gb", {"fp32": 75, "tf32": 1125, "fp16": 2250, "bf16": 2250}, 180, 8000, 148)
 V100_32 = GPU("v100-sxm2-32gb", {"fp32": 15.7, "fp16": 125}, 32, 900)
 V100_PCIE = GPU("v100-pcie-32gb", {"fp32": 14, "fp16": 112}, 32, 900)
 T4 = GPU("t4", {"fp32": 8.1, "fp16": 65}, 16, 320)
 
 _EFA_100G = Link("efa-100g", 15e-6, 100 * GBIT)
 _ETH_50G = Link("eth-50g", 15e-6, 50 * GBIT)
+_NVLINK5 = Link("nvlink-b200", 1e-6, 900 * GB)  # NVLink 5: 1.8 TB/s per GPU, both directions
 _EFA_400G_RAIL = Link("efa-4x100g", 15e-6, 400 * GBIT)  # four 100 Gbit/s EFA cards per GPU
 
 CLUSTERS: dict[str, ClusterPreset] = {
@@ -89,6 +93,16 @@ CLUSTERS: dict[str, ClusterPreset] = {
         ClusterPreset(
             "eth-10g", 8, V100_PCIE, INTRA["pcie-gen3"], INTER["eth-10g"], 1,
             "the first seed's cluster: 8 GPUs per node on PCIe, 10 Gbit/s Ethernet (GPU assumed: V100 PCIe)",
+        ),
+        ClusterPreset(
+            "dgx-h200", 8, H200, INTRA["nvlink-h100"], INTER["ib-ndr"], 8,
+            "NVIDIA DGX H200 datasheet: 8x H200 141GB (4.8 TB/s), NVLink 900 GB/s per GPU, "
+            "8x ConnectX-7 400 Gb/s",
+        ),
+        ClusterPreset(
+            "dgx-b200", 8, B200, _NVLINK5, INTER["ib-ndr"], 8,
+            "NVIDIA DGX B200 datasheet: 8x B200 (1,440 GB, 64 TB/s in all), NVLink 5 1.8 TB/s per GPU, "
+            "8x ConnectX-7 400 Gb/s",
         ),
     )
 }  # fmt: skip

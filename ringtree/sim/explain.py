@@ -135,7 +135,7 @@ def explain(
         what = f"the calibration's {rel:.1%} residual at the planned size"
     else:
         rel = calibration_error(calibration)
-        error_s = rel * row.allreduce_time_s if rel is not None else None
+        error_s = rel * row.dp_allreduce_s if rel is not None else None
         what = f"the calibration's {rel:.1%} RMS residual" if rel is not None else ""
     if error_s is not None:
         lines.append(f"error bar: +/- {error_s:.4f} s on the step ({what} on the all-reduce time)")
@@ -158,14 +158,15 @@ def seed_derivation(config: StepConfig, cluster: Cluster, algorithm: str) -> lis
         predict_step(config, cluster, algorithm),
         predict_step(config, cluster.with_nodes(1), algorithm),
     )
-    speedup = cluster.nodes * one.step_time_s / row.step_time_s
+    speedup = cluster.nodes * one.step_s / row.step_s
     wait = f" + {row.sync_wait_s:.4f} (the run's wait)" if row.sync_wait_s else ""
     return [
         f"seed: 2S/B = 2 x {s / 1e6:.3g} MB / {b / 1e9:.3g} GB/s = {2 * s / b:.4f} s "
         f"(exactly 2({p}-1)/{p} S/B = {2 * (p - 1) / p * s / b:.4f} s)",
-        f"plan: all-reduce {row.allreduce_time_s:.4f} s = that bound plus latency and reductions over "
+        f"plan: all-reduce {row.dp_allreduce_s:.4f} s = that bound plus latency and reductions over "
         f"{len(config.buckets())} buckets",
-        f"plan: step {row.compute_time_s:.3f}{wait} + {row.exposed_dp_s:.4f} = {row.step_time_s:.4f} s on "
-        f"{cluster.nodes} nodes, {one.step_time_s:.4f} s on one; speedup {cluster.nodes} x "
-        f"{one.step_time_s:.4f} / {row.step_time_s:.4f} = {speedup:.2f}x",
+        f"plan: step {row.step_s - row.exposed_dp_s - row.sync_wait_s:.3f}{wait} + {row.exposed_dp_s:.4f} "
+        f"= {row.step_s:.4f} s on "
+        f"{cluster.nodes} nodes, {one.step_s:.4f} s on one; speedup {cluster.nodes} x "
+        f"{one.step_s:.4f} / {row.step_s:.4f} = {speedup:.2f}x",
     ]

@@ -117,26 +117,3 @@ def _send(
     leave = max(end, channel_free.get((sent.src, sent.dst), 0.0))
     channel_free[(sent.src, sent.dst)] = leave + cost
     arrived[(sent.what, sent.dst, sent.micro_batch)] = leave + cost
-
-
-def predict_pipeline(
-    schedule: str, p: int, m: int, compute_time_s: float, link: Link, activation_bytes: int = 0
-) -> dict[str, float | int | str]:
-    """One pipeline step: a device's forward+backward of the whole batch split evenly over p stages
-    and m micro-batches (backward twice the forward), with `link` between stages: the planner's
-    `predict` on p ranks joined by that link, pipeline fields only."""
-    from ringtree.schedules.pipeline import theoretical_bubble_fraction
-    from ringtree.sim.hardware import Cluster
-    from ringtree.sim.plan import Layout, StepWork, predict
-
-    per = compute_time_s / (p * m)  # one stage, one micro-batch: forward + backward
-    work = StepWork(per / 3, 2 * per / 3, m, 0, 4, activation_bytes=activation_bytes)
-    row = predict(work, Cluster(1, p, link, link), "ring", Layout(pp=p, schedule=schedule))
-    return {
-        "schedule": schedule,
-        "pp": p,
-        "micro_batches": m,
-        "pipeline_step_time_s": row.step_s,
-        "bubble_fraction": row.pp_bubble_s / row.step_s if row.step_s else 0.0,
-        "theoretical_bubble_fraction": theoretical_bubble_fraction(p, m),
-    }

@@ -20,12 +20,18 @@ model of `ringtree.sim.transformer`). One step (one optimizer update), per devic
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringtree.sim.closed_form import ALGORITHMS, check_algorithm, estimate
+import numpy as np
+
+from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+from ringtree.sim.allreduce import allreduce_time as sim_allreduce_time
+from ringtree.sim.closed_form import ALGORITHMS, check_algorithm
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.measured import allreduce_seconds
+from ringtree.sim.pipeline import StageCosts, replay_pipeline
 
 MODELS: dict[str, int] = {
     "vit-base": 86_000_000,
@@ -127,19 +133,30 @@ def buckets(grad_bytes: int, itemsize: int, bucket_mb: float) -> list[int]:
 
 @dataclass(frozen=True)
 class Layout:
-    """How the world splits: tp innermost (inside a node), then dp, then pp (Megatron-LM's order)."""
+    """How the world splits (Megatron-LM's order, innermost first): tp inside a node, then cp, dp, pp.
+
+    `virtual_stages` model chunks per pipeline rank (interleaved 1F1B); `sequence_parallel` turns each
+    TP all-reduce into a reduce-scatter and an all-gather; `zero` shards optimizer states (1), then
+    gradients (2), then parameters (3) over the dp x cp ranks that hold the same weights.
+    """
 
     tp: int = 1
     pp: int = 1
     schedule: str = "1f1b"
     spread_tp: bool = False  # place each TP group one rank per node instead (for comparison)
+    cp: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0
 
     def dp(self, ranks: int) -> int:
-        if self.tp < 1 or self.pp < 1 or ranks % (self.tp * self.pp):
+        split = self.tp * self.pp * self.cp
+        if min(self.tp, self.pp, self.cp) < 1 or ranks % split:
             raise ValueError(
-                f"tp={self.tp} x pp={self.pp} must divide the {ranks} GPUs; change --tp, --pp or --nodes"
+                f"tp={self.tp} x cp={self.cp} x pp={self.pp} must divide the {ranks} GPUs; "
+                "change --tp, --cp, --pp or --nodes"
             )
-        return ranks // (self.tp * self.pp)
+        return ranks // split
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,8 @@ class StepWork:
     Times are per micro-batch on one pipeline stage of one TP rank (compute only: the backward
     includes any recomputed forward). TP all-reduces are `tp_bytes` each, `tp_forward` of them in a
     forward and `tp_backward` in a backward; `activation_bytes` go between stages per micro-batch.
+    With CP, each of the stage's `layers` all-gathers `cp_bytes` of K and V in forward (and once more
+    with the reduce-scatter of their gradients in backward) behind `attention_s` of attention.
     """
 
     forward_s: float
@@ -167,13 +186,18 @@ class StepWork:
     peak_flops: float = 0.0  # one device's peak FLOP/s
     optimizer_s: float = 0.0  # the optimizer step, once per step after the gradients are reduced
     sync_wait_s: float = 0.0  # ranks waiting for each other before the last gradients are reduced
+    layers: float = 0.0  # transformer layers on this stage (CP exchanges and ZeRO-3 gathers are per layer)
+    cp_bytes: int = 0  # K and V of all c sequence chunks of one layer (one all-gather's output)
+    attention_s: float = 0.0  # one layer's attention forward, which hides the CP exchange
+    hardware_flops: float = 0.0  # model FLOPs plus recompute, all devices
 
 
 @dataclass(frozen=True)
 class StepPrediction:
     """One predicted step: its time, where it goes, and (for the transformer model) MFU and memory.
 
-    step_s = compute_s + tp_comm_s + pp_bubble_s + sync_wait_s + exposed_dp_s.
+    step_s is the sum of `breakdown`: compute, optimizer, TP and CP communication on the critical
+    path, the pipeline bubble, the run's wait, and the gradient reduction and ZeRO gathers left exposed.
     """
 
     algorithm: str
@@ -195,36 +219,35 @@ class StepPrediction:
     memory: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
     sync_wait_s: float = 0.0
-
-    # The names the planner's JSON had before the unified model, kept for its users.
-    @property
-    def step_time_s(self) -> float:
-        return self.step_s
-
-    @property
-    def allreduce_time_s(self) -> float:
-        return self.dp_allreduce_s
-
-    @property
-    def compute_time_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.pp_bubble_s
+    cp: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0
+    cp_comm_s: float = 0.0
+    optimizer_s: float = 0.0
+    exposed_zero_gather_s: float = 0.0
+    tflops_per_gpu: float | None = None
+    hardware_tflops_per_gpu: float | None = None
 
     @property
     def breakdown(self) -> dict[str, float]:
         return {
             "compute_s": self.compute_s,
+            "optimizer_s": self.optimizer_s,
             "tp_comm_s": self.tp_comm_s,
+            "cp_comm_s": self.cp_comm_s,
             "pp_bubble_s": self.pp_bubble_s,
             "sync_wait_s": self.sync_wait_s,
             "exposed_dp_s": self.exposed_dp_s,
+            "exposed_zero_gather_s": self.exposed_zero_gather_s,
         }
 
     def as_dict(self) -> dict[str, Any]:
+        """One key per quantity: the parts of the step only under `breakdown`."""
         out = dataclasses.asdict(self)
+        for key in self.breakdown:
+            out.pop(key)
         out["breakdown"] = self.breakdown
-        out.update(
-            step_time_s=self.step_s, allreduce_time_s=self.dp_allreduce_s, compute_time_s=self.compute_time_s
-        )
         return out
 
 
@@ -236,15 +259,24 @@ def tp_group(cluster: Cluster, tp: int, spread: bool = False) -> Cluster:
     if tp < 1 or cluster.ranks % tp:
         raise ValueError(f"tp={tp} must divide the {cluster.ranks} ranks of the cluster")
     if spread:
-        return Cluster(tp, 1, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
+        return Cluster(
+            tp, 1, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node, cluster.nccl
+        )
     if cluster.gpus_per_node % tp == 0:
-        return Cluster(1, tp, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node)
+        return Cluster(
+            1, tp, cluster.intra, cluster.inter, cluster.gamma, cluster.nics_per_node, cluster.nccl
+        )
     if tp % cluster.gpus_per_node:
         raise ValueError(f"tp={tp} must divide or be a multiple of the {cluster.gpus_per_node} GPUs per node")
-    return Cluster(  # spans nodes: every NIC of a node serves it (NCCL runs a channel per rail)
-        tp // cluster.gpus_per_node, cluster.gpus_per_node, cluster.intra, cluster.inter, cluster.gamma,
+    return Cluster(
+        tp // cluster.gpus_per_node,
+        cluster.gpus_per_node,
+        cluster.intra,
+        cluster.inter,
+        cluster.gamma,
         cluster.nics_per_node,
-    )  # fmt: skip
+        cluster.nccl,
+    )
 
 
 def dp_group(cluster: Cluster, tp: int, dp: int) -> Cluster:
@@ -259,75 +291,183 @@ def dp_group(cluster: Cluster, tp: int, dp: int) -> Cluster:
         share = cluster.nics_per_node / concurrent
         inter = Link(inter.name, inter.alpha_s, inter.bandwidth_Bps * share)
     return Cluster(
-        nodes, local, cluster.intra, inter, cluster.gamma, min(nics, local), measured=cluster.measured
+        nodes, local, cluster.intra, inter, cluster.gamma, min(nics, local), cluster.nccl, cluster.measured
     )
 
 
-def stage_link(cluster: Cluster, tp: int, dp: int) -> Link:
-    """Consecutive pipeline stages are tp x dp ranks apart: another node once that fills a node."""
-    return cluster.inter if tp * dp >= cluster.gpus_per_node and cluster.nodes > 1 else cluster.intra
+def stage_link(cluster: Cluster, inner: int) -> Link:
+    """Consecutive pipeline stages are `inner` = tp x cp x dp ranks apart: another node once that fills
+    one."""
+    return cluster.inter if inner >= cluster.gpus_per_node and cluster.nodes > 1 else cluster.intra
+
+
+def collective_s(kind: str, algorithm: str, group: Cluster | None, nbytes: int, itemsize: int) -> float:
+    """One collective over a group, priced as `ringtree sim` prices an all-reduce (a calibration's
+    measured rows when the cluster has them): a reduce-scatter or an all-gather is half an all-reduce,
+    as ring, halving-doubling and NCCL run it (nccl-tests' bus-bandwidth factors, 2(p-1)/p vs (p-1)/p)."""
+    if group is None or group.ranks == 1 or nbytes <= 0:
+        return 0.0
+    if group.measured is not None:
+        seconds = allreduce_seconds(algorithm, group, nbytes, itemsize)
+    elif group.nccl is None:  # the time depends on the group's (hashable) fields only: remembered
+        seconds = _sim_s(algorithm, group, nbytes, itemsize)
+    else:
+        seconds = sim_allreduce_time(algorithm, group, nbytes, "closed-form", itemsize).seconds
+    return seconds if kind == "all_reduce" else seconds / 2
+
+
+@functools.lru_cache(maxsize=4096)
+def _sim_s(algorithm: str, group: Cluster, nbytes: int, itemsize: int) -> float:
+    """`ringtree sim`'s all-reduce time: NCCL's own cost model for `native` on a GPU cluster, else
+    the algorithm's closed form."""
+    return sim_allreduce_time(algorithm, group, nbytes, "closed-form", itemsize).seconds
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The groups a layout's collectives run over, and the link between pipeline stages."""
+
+    tp: Cluster | None
+    cp: Cluster | None
+    dp: Cluster  # the ranks holding the same weights: dp x cp
+    stage: Link
+
+
+def _groups(cluster: Cluster, layout: Layout, dp: int) -> _Groups:
+    tp, cp = layout.tp, layout.cp
+    tp_g = tp_group(cluster, tp, layout.spread_tp) if tp > 1 else None
+    cp_g = dp_group(cluster, tp, cp) if cp > 1 else None
+    if layout.spread_tp:  # dp innermost: each DP group fills nodes by itself
+        local = min(dp, cluster.gpus_per_node)
+        dp_g = dataclasses.replace(cluster, nodes=-(-dp // local), gpus_per_node=local)
+    else:
+        dp_g = dp_group(cluster, tp, dp * cp)
+    return _Groups(tp_g, cp_g, dp_g, stage_link(cluster, tp * cp * dp))
+
+
+def _pipeline_s(
+    work: StepWork, layout: Layout, link: Link, forward: float, backward: float, fast: bool
+) -> float:
+    """The pipeline's makespan for m micro-batches of (forward, backward) per stage.
+
+    1F1B and GPipe are replayed with the stage link (`ringtree.sim.pipeline`); `fast` bounds the
+    replay by (m + p - 1)(f + b + 2 c) instead, for the search. Interleaving V chunks per rank divides
+    the ideal bubble (p-1)(f+b) by V and multiplies the stage messages' share by V (Narayanan 2021).
+    """
+    m, p, v = work.micro_batches, layout.pp, layout.virtual_stages
+    busy = m * (forward + backward)
+    ideal = (p - 1) * (forward + backward)
+    message = link.alpha_s + work.activation_bytes * link.beta
+    if fast:
+        makespan = (m + p - 1) * (forward + backward + 2 * message)
+    else:
+        costs = StageCosts.uniform(p, forward, backward, activation_bytes=work.activation_bytes)
+        makespan = replay_pipeline(build(layout.schedule, p, m), costs, link).step_time_s
+    messages = max(0.0, makespan - busy - ideal)
+    return busy + ideal / v + v * messages
+
+
+def _sizes(work: StepWork) -> list[int]:
+    return buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
+
+
+def _reduce_s(work: StepWork, layout: Layout, group: Cluster, algorithm: str) -> tuple[float, list[float]]:
+    """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter."""
+    kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
+    sizes = _sizes(work)
+    cache = {n: collective_s(kind, algorithm, group, n, work.itemsize) for n in set(sizes)}
+    times = [cache[n] for n in sizes]
+    return sum(times), times
 
 
 def predict(
-    work: StepWork, cluster: Cluster, algorithm: str = "ring", layout: Layout = Layout()
+    work: StepWork, cluster: Cluster, algorithm: str = "ring", layout: Layout = Layout(), fast: bool = False
 ) -> StepPrediction:
     """The predicted time of one optimizer step of `work` laid out as `layout` on `cluster`."""
     check_algorithm(algorithm)
     dp = layout.dp(cluster.ranks)
     m, tp, pp = work.micro_batches, layout.tp, layout.pp
-    group = tp_group(cluster, tp, layout.spread_tp) if tp > 1 else None
-    one_tp = estimate(algorithm, group, work.tp_bytes, work.itemsize) if group and work.tp_bytes else 0.0
-    forward = work.forward_s + work.tp_forward * one_tp
-    backward = work.backward_s + work.tp_backward * one_tp
-    busy = m * (forward + backward)
-    if pp > 1:
-        from ringtree.schedules.pipeline import build
-        from ringtree.sim.pipeline import StageCosts, replay_pipeline
-
-        costs = StageCosts.uniform(pp, forward, backward, activation_bytes=work.activation_bytes)
-        link = stage_link(cluster, tp, dp)
-        makespan = replay_pipeline(build(layout.schedule, pp, m), costs, link).step_time_s
+    g = _groups(cluster, layout, dp)
+    if layout.sequence_parallel:  # reduce-scatter + all-gather: the all-reduce's traffic, split in two
+        one_tp = 2 * collective_s("all_gather", algorithm, g.tp, work.tp_bytes, work.itemsize)
     else:
-        makespan = busy
+        one_tp = collective_s("all_reduce", algorithm, g.tp, work.tp_bytes, work.itemsize)
+    cp_ag = collective_s("all_gather", algorithm, g.cp, work.cp_bytes, work.itemsize)
+    cp_forward = work.layers * max(0.0, cp_ag - work.attention_s)
+    cp_backward = work.layers * max(0.0, 2 * cp_ag - 2 * work.attention_s)
+    gather_f, gather_b = _zero3_gathers(work, layout, g.dp, algorithm)
+    forward = work.forward_s + work.tp_forward * one_tp + cp_forward + gather_f
+    backward = work.backward_s + work.tp_backward * one_tp + cp_backward + gather_b
+    busy = m * (forward + backward)
+    makespan = _pipeline_s(work, layout, g.stage, forward, backward, fast) if pp > 1 else busy
     bubble = makespan - busy
     makespan += work.sync_wait_s
-    sizes = buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
-    if layout.spread_tp:  # dp innermost: each DP group fills nodes by itself
-        local = min(dp, cluster.gpus_per_node)
-        group_dp = dataclasses.replace(cluster, nodes=-(-dp // local), gpus_per_node=local)
+    reduce_s, times = _reduce_s(work, layout, g.dp, algorithm)
+    if work.overlap and times:
+        # bucket i starts once the last backward has produced it and bucket i-1 is done, so the last
+        # ends at max over i of (bucket i's start + the times of buckets i..k)
+        ready = makespan - backward + backward * np.cumsum(_sizes(work)) / work.grad_bytes
+        end = float(np.max(ready + np.cumsum(times[::-1])[::-1]))
+        exposed = max(makespan, end) - makespan
     else:
-        group_dp = dp_group(cluster, tp, dp)
-    cache = {n: allreduce_seconds(algorithm, group_dp, n, work.itemsize) for n in set(sizes)}
-    times = [cache[n] for n in sizes]
-    if work.overlap:
-        end, produced = 0.0, 0
-        for size, seconds in zip(sizes, times, strict=True):
-            produced += size
-            end = max(end, makespan - backward + backward * produced / work.grad_bytes) + seconds
-        step = max(makespan, end)
-    else:
-        step = makespan + sum(times)
-    step += work.optimizer_s
+        exposed = reduce_s
+    gathered = _zero_param_gather_s(work, layout, g.dp, algorithm, m * forward)
+    step = makespan + exposed + work.optimizer_s + gathered
     peak = work.peak_flops * cluster.ranks
     return StepPrediction(
         algorithm,
         cluster.ranks,
         cluster.nodes,
         step,
-        m * (work.forward_s + work.backward_s) + work.optimizer_s,
+        m * (work.forward_s + work.backward_s),
         m * (work.tp_forward + work.tp_backward) * one_tp,
         bubble,
-        step - makespan - work.optimizer_s,
-        sum(times),
+        exposed,
+        reduce_s,
         work.samples / step if step else 0.0,
         dp,
         tp,
         pp,
         m,
-        "inter" if group is not None and group.nodes > 1 else "intra",
+        "inter" if g.tp is not None and g.tp.nodes > 1 else "intra",
         work.flops / (step * peak) if work.flops and peak and step else None,
         sync_wait_s=work.sync_wait_s,
+        cp=layout.cp,
+        virtual_stages=layout.virtual_stages,
+        sequence_parallel=layout.sequence_parallel,
+        zero=layout.zero,
+        cp_comm_s=m * (cp_forward + cp_backward),
+        optimizer_s=work.optimizer_s,
+        exposed_zero_gather_s=gathered + m * (gather_f + gather_b),
+        tflops_per_gpu=work.flops / (step * cluster.ranks) / 1e12 if work.flops and step else None,
+        hardware_tflops_per_gpu=(
+            work.hardware_flops / (step * cluster.ranks) / 1e12 if work.hardware_flops and step else None
+        ),
     )
+
+
+def _zero3_gathers(work: StepWork, layout: Layout, group: Cluster, algorithm: str) -> tuple[float, float]:
+    """ZeRO-3 all-gathers each layer's parameters before its forward and its backward, prefetched
+    behind the previous layer's compute (FSDP): per micro-batch, the part compute does not hide."""
+    if layout.zero < 3 or not work.layers:
+        return 0.0, 0.0
+    one = collective_s("all_gather", algorithm, group, int(work.grad_bytes / work.layers), work.itemsize)
+    per_f, per_b = work.forward_s / work.layers, work.backward_s / work.layers
+    return work.layers * max(0.0, one - per_f), work.layers * max(0.0, one - per_b)
+
+
+def _zero_param_gather_s(
+    work: StepWork, layout: Layout, group: Cluster, algorithm: str, hidden_behind_s: float
+) -> float:
+    """ZeRO-1/2 all-gather the updated parameters after the optimizer step; with overlap (Megatron's
+    --overlap-param-gather) behind the next step's forwards, else exposed."""
+    if layout.zero not in (1, 2):
+        return 0.0
+    sizes = _sizes(work)
+    total = sum(
+        collective_s("all_gather", algorithm, group, n, work.itemsize) * sizes.count(n) for n in set(sizes)
+    )
+    return max(0.0, total - hidden_behind_s) if work.overlap else total
 
 
 def allreduce_time(config: StepConfig, cluster: Cluster, algorithm: str) -> float:
@@ -384,22 +524,41 @@ def recommend(
 ) -> tuple[str, str]:
     """The algorithm with the shortest step, and why (including what else would help)."""
     steps = {a: predict_step(config, cluster, a) for a in algorithms}
-    best = min(steps, key=lambda a: steps[a].step_time_s)
+    best = min(steps, key=lambda a: steps[a].step_s)
     ring = steps.get("ring", steps[best])
     reason = (
-        f"{best} gives the shortest step: {steps[best].step_time_s:.3f} s "
-        f"(all-reduce {steps[best].allreduce_time_s:.3f} s) vs {ring.step_time_s:.3f} s with ring"
+        f"{best} gives the shortest step: {steps[best].step_s:.3f} s "
+        f"(all-reduce {steps[best].dp_allreduce_s:.3f} s) vs {ring.step_s:.3f} s with ring"
     )
     level, share = bottleneck(config, cluster, best)
     if share > 0:
         reason += f"; {share:.0%} of its all-reduce time is due to the {level} link"
     hints = []
-    if not config.overlap and steps[best].allreduce_time_s > 0:
+    if not config.overlap and steps[best].dp_allreduce_s > 0:
         hinted = predict_step(dataclasses.replace(config, overlap=True), cluster, best)
-        hints.append(f"--overlap: {hinted.step_time_s:.3f} s")
+        hints.append(f"--overlap: {hinted.step_s:.3f} s")
     if config.itemsize == 4:
         hinted = predict_step(dataclasses.replace(config, compression="fp16"), cluster, best)
-        hints.append(f"--compression fp16: {hinted.step_time_s:.3f} s")
+        hints.append(f"--compression fp16: {hinted.step_s:.3f} s")
     if hints:
         reason += "; also try " + ", ".join(hints)
     return best, reason
+
+
+def predict_pipeline(
+    schedule: str, p: int, m: int, compute_time_s: float, link: Link, activation_bytes: int = 0
+) -> dict[str, float | int | str]:
+    """One pipeline step: a device's forward+backward of the whole batch split evenly over p stages
+    and m micro-batches (backward twice the forward), with `link` between stages: the planner's
+    `predict` on p ranks joined by that link, pipeline fields only."""
+    per = compute_time_s / (p * m)  # one stage, one micro-batch: forward + backward
+    work = StepWork(per / 3, 2 * per / 3, m, 0, 4, activation_bytes=activation_bytes)
+    row = predict(work, Cluster(1, p, link, link), "ring", Layout(pp=p, schedule=schedule))
+    return {
+        "schedule": schedule,
+        "pp": p,
+        "micro_batches": m,
+        "pipeline_step_time_s": row.step_s,
+        "bubble_fraction": row.pp_bubble_s / row.step_s if row.step_s else 0.0,
+        "theoretical_bubble_fraction": theoretical_bubble_fraction(p, m),
+    }

@@ -1,88 +1,128 @@
-"""A GPT-style transformer's work and memory per GPU, for the planner (Megatron-LM's formulas).
+"""A decoder-only transformer's shape, parameters and FLOPs: the planner's model spec.
 
-FLOPs (Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM", section 5.1): a layer's forward on B sequences of s tokens is 24 B s h^2 (the QKV,
-projection and two MLP matmuls) + 4 B s^2 h (scores and their product with V); the logits are
-2 B s h V. A backward is twice its forward; `full` recompute runs every layer's forward again in the
-backward, `selective` only the attention core (4 B s^2 h), as Korthikanti et al. (2022).
-
-Time: each matmul of the TP slice runs on the roofline of the GPU (its dense peak x GEMM_EFFICIENCY,
-or its HBM bandwidth for the operands) plus a kernel launch; the elementwise work (layer norms,
-softmax, dropout, GeLU, residuals) streams the activations through HBM. Small hidden sizes, TP
-slices and micro-batches therefore run far below peak, large ones near GEMM_EFFICIENCY.
-
-Memory per GPU (Korthikanti et al., 2022, table 2, no sequence parallelism): weights and gradients
-in 16 bits and fp32 master weights with Adam's two moments (16 bytes per parameter, as ZeRO's
-accounting), and activations s b h (10 + 24/t + 5 a s / (h t)) bytes per layer without recompute,
-s b h (10 + 24/t) selective, 2 s b h full (the layer's input), for the micro-batches in flight.
-Indices: l layers, h hidden, a heads, s sequence, V vocabulary, b micro-batch, t TP, p PP.
+FLOPs follow Narayanan et al. (2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", section 5.1), generalised to grouped-query attention and SwiGLU: a layer's
+forward is 2 x (its matmul weights) per token plus 4 s h per token for the attention scores and
+their product with V; the logits are 2 h V per token. With multi-head attention and a 4h GeLU MLP
+this is their 24 B s h^2 + 4 B s^2 h. A backward is twice its forward; `full` recompute runs every
+layer's forward again in the backward, `selective` only the attention core (Korthikanti et al. 2022).
+Indices: l layers, h hidden, a heads, k kv heads, d = h / a head size, F MLP width, s sequence,
+V vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
-from ringtree.sim.clusters import GPU
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.plan import Layout, StepPrediction, StepWork, predict
-
 RECOMPUTE = ("none", "selective", "full")
-GEMM_EFFICIENCY = 0.72  # large fp16 GEMMs on an A100 reach about 225 of 312 TFLOP/s (72%) in cuBLAS
-KERNEL_S = 6e-6  # launch and tail of one kernel
-ELEMENTWISE_BYTES = 2.0  # HBM bytes moved per byte of stored activation (read it once, write once)
-BYTES_PER_PARAM = 16  # 2 weights + 2 gradients + 4 master weights + 8 Adam moments
-GiB = 1 << 30
+MLPS = ("gelu", "swiglu")
 
 
 @dataclass(frozen=True)
 class Transformer:
-    """The shape of a GPT-style decoder."""
+    """The shape of a decoder-only transformer (GPT: tied embeddings, learned positions; Llama: not)."""
 
     layers: int
     hidden: int
     heads: int
     seq: int
     vocab: int
+    kv_heads: int = 0  # grouped-query attention; 0: as many as heads
+    ffn_hidden: int = 0  # the MLP's width; 0: 4 x hidden
+    mlp: str = "gelu"  # gelu: two h x F matrices; swiglu: three
+    tied_embeddings: bool = True  # GPT ties the logits to the input embedding; Llama 3 does not
+    learned_positions: bool = True  # GPT learns s x h position embeddings; Llama uses RoPE
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.mlp not in MLPS:
+            raise ValueError(f"unknown --mlp {self.mlp!r}; choose gelu or swiglu")
+        object.__setattr__(self, "kv_heads", self.kv_heads or self.heads)
+        object.__setattr__(self, "ffn_hidden", self.ffn_hidden or 4 * self.hidden)
         if self.hidden % self.heads:
             raise ValueError(f"--hidden {self.hidden} must be a multiple of --heads {self.heads}")
+        if self.kv_heads < 1 or self.heads % self.kv_heads:
+            raise ValueError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
+        if self.ffn_hidden < 1:
+            raise ValueError(f"--ffn-hidden must be at least 1, got {self.ffn_hidden}")
 
     @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_hidden(self) -> int:
+        """The width of K (and of V): k d."""
+        return self.kv_heads * self.head_dim
+
+    @functools.cached_property
+    def layer_weights(self) -> int:
+        """Matmul weights of one layer: Q and the output h x h, K and V h x k d, the MLP 2 or 3 h x F."""
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_hidden + (3 if self.mlp == "swiglu" else 2) * h * self.ffn_hidden
+
+    @functools.cached_property
+    def layer_params(self) -> int:
+        """Weights plus biases and norms: Megatron's 13 h per GPT layer, 2 h (two RMSNorms) for Llama."""
+        small = 13 * self.hidden if self.learned_positions else 2 * self.hidden
+        return self.layer_weights + small
+
+    @functools.cached_property
+    def embedding_params(self) -> int:
+        """The input embedding (and its position table); with untied logits, the output matrix too."""
+        h = self.hidden
+        return self.vocab * h + (self.seq * h if self.learned_positions else 0)
+
+    @property
+    def logit_params(self) -> int:
+        """The output matrix the last stage holds (shared with the embedding when tied)."""
+        return 0 if self.tied_embeddings else self.vocab * self.hidden
+
+    @functools.cached_property
     def params(self) -> int:
-        """12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)): Narayanan et al. 2021, eq. 2."""
-        n, h = self.layers, self.hidden
-        return int(12 * n * h * h * (1 + 13 / (12 * h) + (self.vocab + self.seq) / (12 * n * h)))
+        """All parameters; for a GPT shape, Narayanan et al. 2021, eq. 2."""
+        final_norm = 0 if self.learned_positions else self.hidden  # Llama's final RMSNorm (eq. 2 has none)
+        return self.layers * self.layer_params + self.embedding_params + self.logit_params + final_norm
 
     def layer_flops(self, tokens: int) -> float:
         """One layer's forward over `tokens` = b s tokens."""
-        return 24 * tokens * self.hidden**2 + 4 * tokens * self.seq * self.hidden
+        return 2.0 * tokens * self.layer_weights + self.attention_flops(tokens)
+
+    def attention_flops(self, tokens: int) -> float:
+        """Scores Q K^T and their product with V: 4 s h per token (no causal saving, as Megatron counts)."""
+        return 4.0 * tokens * self.seq * self.hidden
 
     def logit_flops(self, tokens: int) -> float:
-        return 2 * tokens * self.hidden * self.vocab
-
-    def step_flops(self, samples: int, recompute: str = "none") -> float:
-        """Forward + backward (+ recomputed forward) of `samples` sequences, all layers and logits."""
-        tokens = samples * self.seq
-        layers = self.layers * self.layer_flops(tokens) * 3 + 3 * self.logit_flops(tokens)
-        return layers + self.layers * self.recompute_flops(tokens, recompute)
-
-    def model_flops(self, samples: int) -> float:
-        """The FLOPs MFU counts: no recompute."""
-        return self.step_flops(samples, "none")
+        return 2.0 * tokens * self.hidden * self.vocab
 
     def recompute_flops(self, tokens: int, recompute: str) -> float:
         """Extra forward FLOPs per layer in the backward."""
         if recompute == "full":
             return self.layer_flops(tokens)
-        return 4 * tokens * self.seq * self.hidden if recompute == "selective" else 0.0
+        return self.attention_flops(tokens) if recompute == "selective" else 0.0
+
+    def step_flops(self, samples: int, recompute: str = "none") -> float:
+        """Forward + backward (+ recomputed forward) of `samples` sequences, all layers and logits."""
+        tokens = samples * self.seq
+        layers = self.layers * (3 * self.layer_flops(tokens) + self.recompute_flops(tokens, recompute))
+        return layers + 3 * self.logit_flops(tokens)
+
+    def model_flops(self, samples: int) -> float:
+        """The FLOPs MFU counts: no recompute."""
+        return self.step_flops(samples, "none")
 
 
-# name: (layers, hidden, heads, seq, vocab), from each model's paper or config.
+def _llama3(layers: int, hidden: int, heads: int, ffn: int) -> Transformer:
+    """Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", table 3): 8 KV heads, SwiGLU,
+    vocabulary 128,256, untied output matrix, RoPE; pre-training sequence 8,192."""
+    return Transformer(layers, hidden, heads, 8192, 128_256, 8, ffn, "swiglu", False, False)
+
+
+# name: the model's shape, from its paper or released config.
 MODELS: dict[str, Transformer] = {
     "gpt-1.3b": Transformer(24, 2048, 16, 2048, 51200),  # GPT-3 paper, table 2.1 (XL)
     "gpt3-175b": Transformer(96, 12288, 96, 2048, 51200),  # GPT-3 paper, table 2.1
@@ -90,209 +130,16 @@ MODELS: dict[str, Transformer] = {
     "llama-13b": Transformer(40, 5120, 40, 2048, 32000),
     "llama-70b": Transformer(80, 8192, 64, 4096, 32000),  # Llama 2 paper (GQA and SwiGLU approximated)
     "megatron-1t": Transformer(128, 25600, 160, 2048, 51200),  # Narayanan et al. 2021, table 1
+    "llama3-8b": _llama3(32, 4096, 32, 14336),
+    "llama3-70b": _llama3(80, 8192, 64, 28672),
+    "llama3-405b": _llama3(126, 16384, 128, 53248),
 }
 
 
-def _gemm_s(m: int, n: int, k: int, gpu: GPU, dtype: str, itemsize: int) -> float:
-    """One m x k by k x n matmul on the roofline, plus a kernel."""
-    flops = 2.0 * m * n * k / (gpu.peak(dtype) * GEMM_EFFICIENCY)
-    memory = itemsize * (m * k + k * n + m * n) / (gpu.hbm_GBps * 1e9)
-    return max(flops, memory) + KERNEL_S
-
-
-def layer_forward_s(
-    model: Transformer, micro_batch: int, tp: int, gpu: GPU, dtype: str, itemsize: int = 2
-) -> float:
-    """One layer's forward on one TP rank: four matmuls, attention per head, elementwise work."""
-    h, s, t = model.hidden, model.seq, tp
-    tokens = micro_batch * s
-    mats = (
-        _gemm_s(tokens, 3 * h // t, h, gpu, dtype, itemsize)  # QKV
-        + _gemm_s(tokens, h, h // t, gpu, dtype, itemsize)  # projection
-        + _gemm_s(tokens, 4 * h // t, h, gpu, dtype, itemsize)  # MLP up
-        + _gemm_s(tokens, h, 4 * h // t, gpu, dtype, itemsize)  # MLP down
-    )
-    heads = micro_batch * max(1, model.heads // t)  # batched over heads: one kernel each
-    d = h // model.heads
-    attention = 2 * (_gemm_s(s, s, d, gpu, dtype, itemsize) - KERNEL_S) * heads + 2 * KERNEL_S
-    stored = activation_bytes_per_layer(model, micro_batch, tp, "none")
-    elementwise = ELEMENTWISE_BYTES * stored / (gpu.hbm_GBps * 1e9) + 8 * KERNEL_S
-    return mats + attention + elementwise
-
-
-def logits_forward_s(model: Transformer, micro_batch: int, tp: int, gpu: GPU, dtype: str) -> float:
-    """The output layer's matmul (vocabulary split over TP) and its softmax."""
-    tokens = micro_batch * model.seq
-    softmax = 4 * tokens * model.vocab // tp * 4 / (gpu.hbm_GBps * 1e9)
-    return _gemm_s(tokens, model.vocab // tp, model.hidden, gpu, dtype, 2) + softmax
-
-
-def activation_bytes_per_layer(model: Transformer, micro_batch: int, tp: int, recompute: str) -> float:
-    """Korthikanti et al. 2022, table 2 (16-bit activations, no sequence parallelism)."""
-    sbh = model.seq * micro_batch * model.hidden
-    if recompute == "full":
-        return 2.0 * sbh
-    attention = 5 * model.heads * model.seq / (model.hidden * tp) if recompute == "none" else 0.0
-    return sbh * (10 + 24 / tp + attention)
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Bytes per GPU on the busiest stage (the first: it holds the most micro-batches in flight)."""
-
-    weights_and_optimizer: float
-    activations: float
-    capacity: float
-
-    @property
-    def total(self) -> float:
-        return self.weights_and_optimizer + self.activations
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.capacity
-
-    def as_dict(self) -> dict[str, float | bool]:
-        return {
-            "weights_grads_optimizer_GiB": self.weights_and_optimizer / GiB,
-            "activations_GiB": self.activations / GiB,
-            "total_GiB": self.total / GiB,
-            "capacity_GiB": self.capacity / GiB,
-            "fits": self.fits,
-        }
-
-
-def memory(
-    model: Transformer, micro_batch: int, tp: int, pp: int, micro_batches: int, recompute: str, gpu: GPU
-) -> Memory:
-    """Weights, gradients and Adam states of 1/(t p) of the model; activations of the first stage.
-
-    Under 1F1B the first stage holds min(p, m) micro-batches of its l/p layers; under full
-    recompute one layer's activations are rebuilt at a time on top of the stored inputs.
-    """
-    states = BYTES_PER_PARAM * model.params / (tp * pp)
-    in_flight = min(pp, micro_batches)
-    layers = -(-model.layers // pp)
-    acts = in_flight * layers * activation_bytes_per_layer(model, micro_batch, tp, recompute)
-    if recompute != "none":
-        acts += activation_bytes_per_layer(model, micro_batch, tp, "none")
-    if pp == 1:  # the logits and their softmax (4 bytes per entry, fp32 for the loss)
-        acts += 4 * micro_batch * model.seq * model.vocab / tp
-    return Memory(states, acts, gpu.memory_GB * GiB)
-
-
-@dataclass(frozen=True)
-class Training:
-    """What the planner needs besides the model and the cluster: batch, parallelism, precision."""
-
-    global_batch: int
-    micro_batch: int = 1
-    tp: int = 1
-    pp: int = 1
-    dtype: str = "bf16"
-    recompute: str = "none"
-    overlap: bool = False  # DP all-reduce during the last backward (Megatron-LM 2021: after it)
-    bucket_mb: float = 25.0
-    schedule: str = "1f1b"
-
-    def __post_init__(self) -> None:
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"unknown --recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
-        if self.dtype not in ("fp16", "bf16"):
-            raise ValueError(f"unknown --dtype {self.dtype!r}; choose fp16 or bf16")
-        if min(self.global_batch, self.micro_batch, self.tp, self.pp) < 1:
-            raise ValueError("--global-batch, --micro-batch, --tp and --pp must be at least 1")
-
-    def micro_batches(self, dp: int) -> int:
-        """m = B / (dp b): the micro-batches each pipeline (or each DP rank) runs per step."""
-        if self.global_batch % (dp * self.micro_batch):
-            raise ValueError(
-                f"--global-batch {self.global_batch} must be a multiple of dp {dp} x --micro-batch "
-                f"{self.micro_batch}; change one of them or the GPU count"
-            )
-        return self.global_batch // (dp * self.micro_batch)
-
-
-def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
-    """One GPU's step: its stage's l/p layers (and 1/p of the logits) on a TP slice, per micro-batch."""
-    b, t, p = run.micro_batch, run.tp, run.pp
-    if model.heads % t or model.hidden % t:
-        raise ValueError(f"--tp {t} must divide --heads {model.heads} and --hidden {model.hidden}")
-    if model.layers < p:
-        raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")
-    layers = model.layers / p
-    layer = layer_forward_s(model, b, t, gpu, run.dtype)
-    forward = layers * layer + logits_forward_s(model, b, t, gpu, run.dtype) / p
-    tokens = b * model.seq
-    redo = {"none": 0.0, "full": layer, "selective": layer * model.recompute_flops(tokens, "selective")
-            / model.layer_flops(tokens)}[run.recompute]  # fmt: skip
-    state_bytes = BYTES_PER_PARAM * model.params / (t * p)
-    m = run.micro_batches(dp)
-    return StepWork(
-        forward_s=forward,
-        backward_s=2 * forward + layers * redo,
-        micro_batches=m,
-        grad_bytes=int(model.params / (t * p)) * 2,
-        itemsize=2,
-        bucket_mb=run.bucket_mb,
-        overlap=run.overlap,
-        samples=run.global_batch,
-        tp_bytes=tokens * model.hidden * 2,
-        tp_forward=round(2 * layers),
-        tp_backward=round((4 if run.recompute == "full" else 2) * layers),
-        activation_bytes=tokens * model.hidden * 2 // t,  # scatter-gather over the TP ranks
-        flops=model.model_flops(run.global_batch),
-        peak_flops=gpu.peak(run.dtype),
-        optimizer_s=2 * state_bytes / (gpu.hbm_GBps * 1e9),  # Adam reads and writes its states
-    )
-
-
-def plan(
-    model: Transformer, run: Training, cluster: Cluster, gpu: GPU, algorithm: str = "ring"
-) -> StepPrediction:
-    """The predicted step, with MFU, the TFLOP/s each GPU does (recompute counted) and memory."""
-    layout = Layout(run.tp, run.pp, run.schedule)
-    dp = layout.dp(cluster.ranks)
-    w = work(model, run, gpu, dp)
-    row = predict(w, cluster, algorithm, layout)
-    mem = memory(model, run.micro_batch, run.tp, run.pp, w.micro_batches, run.recompute, gpu)
-    hardware = model.step_flops(run.global_batch, run.recompute)
-    details = {
-        "model": dataclasses.asdict(model),
-        "params": model.params,
-        "training": dataclasses.asdict(run),
-        "gpu": gpu.name,
-        "tflops_per_gpu": hardware / (row.step_s * cluster.ranks) / 1e12 if row.step_s else 0.0,
-        "model_flops_per_step": w.flops,
-    }
-    return dataclasses.replace(row, memory=mem.as_dict(), details=details)
-
-
-def search(
-    model: Transformer,
-    global_batch: int,
-    cluster: Cluster,
-    gpu: GPU,
-    dtype: str = "bf16",
-    recompute: tuple[str, ...] = RECOMPUTE,
-    algorithm: str = "ring",
-) -> list[StepPrediction]:
-    """Every TP x PP x DP x micro-batch x recompute that fits in memory, fastest first.
-
-    TP stays inside a node (powers of two up to the GPUs per node), PP divides the layers.
-    """
-    g, n = cluster.gpus_per_node, cluster.ranks
-    found = []
-    for t in (x for x in (1, 2, 4, 8, 16) if x <= g and g % x == 0 and model.heads % x == 0):
-        for p in (x for x in range(1, model.layers + 1) if model.layers % x == 0 and n % (t * x) == 0):
-            dp = n // (t * p)
-            for b in (1, 2, 4, 8, 16):
-                if global_batch % (dp * b):
-                    continue
-                for r in recompute:
-                    run = Training(global_batch, b, t, p, dtype, r)
-                    w = work(model, run, gpu, dp)
-                    if not memory(model, b, t, p, w.micro_batches, r, gpu).fits:
-                        continue
-                    found.append(plan(model, run, cluster, gpu, algorithm))
-    return sorted(found, key=lambda row: row.step_s)
+def with_dims(base: Transformer, **dims: int | str) -> Transformer:
+    """`base` with the named dimensions replaced (kv heads and MLP width re-derived unless named)."""
+    if "hidden" in dims and "ffn_hidden" not in dims and base.ffn_hidden == 4 * base.hidden:
+        dims["ffn_hidden"] = 0
+    if "heads" in dims and "kv_heads" not in dims and base.kv_heads == base.heads:
+        dims["kv_heads"] = 0
+    return dataclasses.replace(base, **dims)  # type: ignore[arg-type]

@@ -34,4 +34,4 @@ def predicted_step_time(summary: dict[str, Any], calibration: Path | None) -> fl
     )
     nodes = summary["nodes"]
     cluster = make_cluster(nodes, summary["world_size"] // nodes, calibration=calibration)
-    return predict_step(config, cluster, summary["algorithm"]).step_time_s
+    return predict_step(config, cluster, summary["algorithm"]).step_s

@@ -1,0 +1,85 @@
+"""The time of one transformer layer on one GPU, from its dense peak, memory bandwidth and op shapes.
+
+Three kinds of work (constants named, sourced and listed in docs/simulator.md, "Compute model"):
+  * matmuls: 2 m n k FLOPs at the GPU's dense peak x GEMM_EFFICIENCY (what large cuBLAS GEMMs
+    reach), scaled by the shape: output tiles of TILE x TILE are padded (tile quantization), and a
+    GEMM of fewer tiles than the GPU has SMs leaves SMs idle; a GEMM whose operands take longer to
+    stream from HBM than its FLOPs is priced by its bytes; every kernel costs KERNEL_S more;
+  * attention as flash attention computes it (or, for runs without it, as two GEMMs per head whose
+    s x s scores go through HBM): its FLOPs at FLASH_EFFICIENCY of the dense peak, the
+    backward FLASH_BACKWARD times the forward (it recomputes the scores; Dao 2023), nothing stored
+    or streamed of the s x s score matrix;
+  * memory-bound work (norms, residuals, dropout, activation functions, rotary, softmax of the
+    logits) priced by the bytes it moves through HBM: ELEMENTWISE_BYTES per byte of activation.
+Shapes per TP rank with t TP, c CP (each rank holds s / c of the sequence), b micro-batch.
+"""
+
+from __future__ import annotations
+
+from ringtree.sim.clusters import GPU
+from ringtree.sim.transformer import Transformer
+
+GEMM_EFFICIENCY = 0.72  # large fp16 GEMMs on an A100 reach about 225 of 312 TFLOP/s in cuBLAS
+TILE = 128  # cuBLAS's usual output tile edge for 16-bit GEMMs on Ampere and Hopper
+FLASH_EFFICIENCY = 0.6  # FlashAttention-2 forward: 50-73% of A100 peak (Dao 2023, figure 4)
+FLASH_BACKWARD = 2.5  # the backward runs 5 matmuls to the forward's 2
+KERNEL_S = 6e-6  # launch and tail of one kernel
+ELEMENTWISE_BYTES = 2.0  # HBM bytes moved per byte of stored activation (read it once, write once)
+
+
+def _ceil(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def shape_efficiency(m: int, n: int, gpu: GPU) -> float:
+    """The share of GEMM_EFFICIENCY an m x n output reaches: padded tiles, and idle SMs below a wave."""
+    padded = (m / _ceil(m, TILE)) * (n / _ceil(n, TILE))
+    tiles = _ceil(m, TILE) // TILE * (_ceil(n, TILE) // TILE)
+    return padded * min(1.0, tiles / gpu.sms)
+
+
+def gemm_s(m: int, n: int, k: int, gpu: GPU, dtype: str, itemsize: int = 2) -> float:
+    """One m x k by k x n matmul on the roofline (FLOPs at the shape's efficiency, or bytes) + a kernel."""
+    if min(m, n, k) < 1:
+        return 0.0
+    flops = 2.0 * m * n * k / (gpu.peak(dtype) * GEMM_EFFICIENCY * shape_efficiency(m, n, gpu))
+    memory = itemsize * (m * k + k * n + m * n) / (gpu.hbm_GBps * 1e9)
+    return max(flops, memory) + KERNEL_S
+
+
+def matmuls_s(model: Transformer, tokens: int, tp: int, gpu: GPU, dtype: str) -> float:
+    """A layer's forward matmuls on one TP rank: QKV, output projection, and the MLP's two or three."""
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_hidden
+    up = 2 if model.mlp == "swiglu" else 1  # SwiGLU's gate and up projections: one h x 2F GEMM
+    return (
+        gemm_s(tokens, (h + 2 * kv) // tp, h, gpu, dtype)  # QKV
+        + gemm_s(tokens, h, h // tp, gpu, dtype)  # output projection
+        + gemm_s(tokens, up * f // tp, h, gpu, dtype)  # MLP up (and gate)
+        + gemm_s(tokens, h, f // tp, gpu, dtype)  # MLP down
+    )
+
+
+def attention_s(
+    model: Transformer, micro_batch: int, tp: int, cp: int, gpu: GPU, dtype: str, flash: bool = True
+) -> float:
+    """Attention's forward on one rank: its heads / t, its s / c queries against all s keys.
+
+    Flash attention runs at FLASH_EFFICIENCY; unfused attention (Megatron-LM 2021) is two batched
+    GEMMs per head, s x s x d and back, on the roofline (its softmax and dropout are elementwise work)."""
+    if flash:
+        flops = model.attention_flops(micro_batch * model.seq) / (tp * cp)
+        return flops / (gpu.peak(dtype) * FLASH_EFFICIENCY) + KERNEL_S
+    s, d = model.seq // cp, model.head_dim
+    heads = micro_batch * max(1, model.heads // tp)  # batched over heads: one kernel each
+    return 2 * (gemm_s(s, model.seq, d, gpu, dtype) - KERNEL_S) * heads + 2 * KERNEL_S
+
+
+def elementwise_s(stored_bytes: float, gpu: GPU, kernels: int = 8) -> float:
+    """Memory-bound work over `stored_bytes` of activations, plus its kernels."""
+    return ELEMENTWISE_BYTES * stored_bytes / (gpu.hbm_GBps * 1e9) + kernels * KERNEL_S
+
+
+def logits_s(model: Transformer, tokens: int, tp: int, gpu: GPU, dtype: str) -> float:
+    """The output layer's matmul (vocabulary split over TP) and its fp32 softmax and loss."""
+    softmax = 4 * tokens * (model.vocab // tp) * 4 / (gpu.hbm_GBps * 1e9)
+    return gemm_s(tokens, model.vocab // tp, model.hidden, gpu, dtype) + softmax

@@ -1,0 +1,103 @@
+"""A planned run's training settings: batch, parallel layout (TP x CP x PP x DP), precision, recompute.
+
+The same words as the trainer's (tp, cp, pp, virtual stages, sequence parallel, zero, micro-batch,
+recompute). `check` refuses, in one sentence naming the values and the fix, a layout whose degrees do
+not divide what they split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ringtree.sim.plan import Layout
+from ringtree.sim.transformer import RECOMPUTE, Transformer
+
+
+@dataclass(frozen=True)
+class Training:
+    """What the planner needs besides the model and the cluster: batch, parallelism, precision."""
+
+    global_batch: int
+    micro_batch: int = 1
+    tp: int = 1
+    pp: int = 1
+    dtype: str = "bf16"
+    recompute: str = "none"
+    overlap: bool = False  # gradient reduction during the last backward (Megatron-LM 2021: after it)
+    bucket_mb: float = 25.0
+    schedule: str = "1f1b"
+    cp: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0
+    flash_attention: bool = True  # False: unfused attention storing its s x s scores (Megatron-LM 2021)
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"unknown --recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
+        if self.dtype not in ("fp16", "bf16"):
+            raise ValueError(f"unknown --dtype {self.dtype!r}; choose fp16 or bf16")
+        if min(self.global_batch, self.micro_batch, self.tp, self.pp, self.cp, self.virtual_stages) < 1:
+            raise ValueError(
+                "--global-batch, --micro-batch, --tp, --pp, --cp and --virtual-stages must be at least 1"
+            )
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("--sequence-parallel splits activations over the TP group: add --tp 2 or more")
+        if self.virtual_stages > 1 and (self.pp == 1 or self.schedule != "1f1b"):
+            raise ValueError(
+                f"--virtual-stages {self.virtual_stages} interleaves a 1F1B pipeline: add --pp 2 or more "
+                "(schedule 1f1b) or drop it"
+            )
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(
+            self.tp,
+            self.pp,
+            self.schedule,
+            False,
+            self.cp,
+            self.virtual_stages,
+            self.sequence_parallel,
+            self.zero,
+        )
+
+    def micro_batches(self, dp: int) -> int:
+        """m = B / (dp b): the micro-batches each pipeline (or each DP rank) runs per step."""
+        if self.global_batch % (dp * self.micro_batch):
+            raise ValueError(
+                f"--global-batch {self.global_batch} must be a multiple of dp {dp} x --micro-batch "
+                f"{self.micro_batch}; change one of them or the GPU count"
+            )
+        return self.global_batch // (dp * self.micro_batch)
+
+
+def check(model: Transformer, run: Training, ranks: int) -> int:
+    """The data-parallel degree of `run` on `ranks` GPUs, or a ValueError naming what does not divide."""
+    t, c, p, v = run.tp, run.cp, run.pp, run.virtual_stages
+    if model.heads % t or model.hidden % t or model.ffn_hidden % t:
+        raise ValueError(
+            f"--tp {t} must divide --heads {model.heads}, --hidden {model.hidden} and --ffn-hidden "
+            f"{model.ffn_hidden}; choose a TP degree that divides all three"
+        )
+    if model.seq % (2 * c if c > 1 else 1):
+        raise ValueError(
+            f"--cp {c} needs --seq {model.seq} to be a multiple of 2 x {c} (each rank takes two chunks "
+            "for balance); change --cp or --seq"
+        )
+    if v > 1 and model.layers % (p * v):
+        raise ValueError(
+            f"--pp {p} x --virtual-stages {v} must divide --layers {model.layers}; change one of them"
+        )
+    if model.layers < p:
+        raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")
+    dp = run.layout.dp(ranks)
+    m = run.micro_batches(dp)
+    if v > 1 and m % p:
+        raise ValueError(
+            f"--virtual-stages needs the {m} micro-batches per pipeline to be a multiple of --pp {p}; "
+            "change --global-batch or --micro-batch"
+        )
+    return dp

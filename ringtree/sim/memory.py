@@ -1,0 +1,132 @@
+"""Bytes per GPU on every pipeline stage: weights, gradients and optimizer states, and activations.
+
+States (mixed precision with Adam, ZeRO's accounting): 2 bytes of weights, 2 of gradients, 12 of
+optimizer (fp32 master weights and two moments) per parameter. ZeRO shards them over the dp x cp
+ranks that hold the same weights: 1 the optimizer's 12, 2 the gradients too, 3 the weights too (and
+holds two gathered layers, the one computing and the one prefetched).
+
+Activations per layer and micro-batch, 16 bits (Korthikanti et al. 2022, table 2, with flash
+attention, which stores no s x s scores): the replicated part 10 s b h (norm inputs, matmul inputs,
+dropout masks), divided by t with sequence parallelism; the TP-split part (4 + 4 k/a) s b h / t for
+Q, K, V and the attention output, and 4 s b F / t (GeLU) or 6 s b F / t (SwiGLU) for the MLP; with
+CP each rank holds s / c of the sequence. Without flash attention (Megatron-LM 2021) a layer also
+stores its scores, softmax and dropout mask, 5 a s^2 b / t, unless recompute rebuilds them. `full`
+recompute keeps each layer's input (2 s b h, / t with SP) and rebuilds one layer at a time;
+`selective` stores what flash attention stores.
+Under 1F1B stage j holds min(m, p - j) micro-batches; interleaved with V chunks, its chunks of
+l / (p V) layers in flight are min(m V, 2 (p - j - 1) + (V - 1) p + 1) (Megatron-LM's warm-up).
+The first stage holds the embedding, the last the output matrix and the fp32 logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ringtree.sim.clusters import GPU
+from ringtree.sim.layout import Training
+from ringtree.sim.transformer import Transformer
+
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+GiB = 1 << 30
+
+
+def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str | None = None) -> float:
+    """One layer's stored activations for one micro-batch on one rank."""
+    t, c = run.tp, run.cp
+    sbh = model.seq // c * run.micro_batch * model.hidden
+    shared = sbh / t if run.sequence_parallel else float(sbh)
+    if (recompute or run.recompute) == "full":
+        return 2.0 * shared
+    attention = (4 + 4 * model.kv_hidden / model.hidden) * sbh / t
+    if not run.flash_attention and (recompute or run.recompute) == "none":  # scores, softmax, dropout
+        attention += 5 * model.heads * model.seq * model.seq // c * run.micro_batch / t
+    mlp = (6 if model.mlp == "swiglu" else 4) * sbh * model.ffn_hidden / model.hidden / t
+    return 10 * shared + attention + mlp
+
+
+def stage_layers(layers: int, p: int) -> list[int]:
+    """Layers per stage: l / p each, the first l mod p stages one more."""
+    base, extra = divmod(layers, p)
+    return [base + (1 if j < extra else 0) for j in range(p)]
+
+
+def in_flight(run: Training, m: int, j: int) -> float:
+    """Micro-batches' worth of the stage's layers whose activations stage j holds at its peak."""
+    p, v = run.pp, run.virtual_stages
+    if v == 1:
+        return float(min(m, p - j))
+    return min(m * v, 2 * (p - j - 1) + (v - 1) * p + 1) / v
+
+
+def states_bytes(params: float, run: Training, shard: int) -> float:
+    """Weights, gradients and optimizer states of `params` parameters under the run's ZeRO stage."""
+    z = run.zero
+    weights = WEIGHT_BYTES / (shard if z >= 3 else 1)
+    grads = GRAD_BYTES / (shard if z >= 2 else 1)
+    optimizer = OPTIMIZER_BYTES / (shard if z >= 1 else 1)
+    return params * (weights + grads + optimizer)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage's bytes per GPU."""
+
+    states: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations
+
+
+def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
+    """Every pipeline stage's bytes per GPU."""
+    p, t = run.pp, run.tp
+    shard = dp * run.cp
+    tokens = model.seq // run.cp * run.micro_batch
+    layer = activation_bytes_per_layer(model, run)
+    out = []
+    for j, n in enumerate(stage_layers(model.layers, p)):
+        params = n * model.layer_params
+        params += model.embedding_params if j == 0 else 0
+        last = model.logit_params or (model.vocab * model.hidden if p > 1 else 0)  # tied: a copy
+        params += last if j == p - 1 else 0
+        states = states_bytes(params / t, run, shard)
+        if run.zero >= 3:
+            states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
+        acts = in_flight(run, m, j) * n * layer
+        if run.recompute == "full":
+            acts += activation_bytes_per_layer(model, run, "none")  # the layer being rebuilt
+        if j == p - 1:  # the logits and their gradient, fp32 for the loss
+            acts += 4 * tokens * model.vocab / t
+        out.append(Stage(states, acts))
+    return out
+
+
+def memory(model: Transformer, run: Training, m: int, dp: int, gpu: GPU) -> dict[str, Any]:
+    """Per-stage memory, the fullest stage's total, and whether (and where, by how much) it overflows."""
+    rows = stages(model, run, m, dp)
+    capacity = gpu.memory_GB * GiB
+    j = max(range(len(rows)), key=lambda i: rows[i].total)
+    full = rows[j]
+    return {
+        "total_GiB": full.total / GiB,
+        "fits": full.total <= capacity,
+        "capacity_GiB": capacity / GiB,
+        "fullest_stage": j,
+        "overflow_GiB": max(0.0, full.total - capacity) / GiB,
+        "weights_grads_optimizer_GiB": full.states / GiB,
+        "activations_GiB": full.activations / GiB,
+        "stages": [
+            {"stage": i, "weights_grads_optimizer_GiB": r.states / GiB,
+             "activations_GiB": r.activations / GiB, "total_GiB": r.total / GiB}
+            for i, r in enumerate(rows)
+        ],
+    }  # fmt: skip
+
+
+def fits(model: Transformer, run: Training, m: int, dp: int, gpu: GPU) -> bool:
+    """Whether every stage fits (the search's filter, without building the report)."""
+    capacity = gpu.memory_GB * GiB
+    return all(r.total <= capacity for r in stages(model, run, m, dp))

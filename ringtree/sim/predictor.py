@@ -1,0 +1,87 @@
+"""One prediction from a model spec, a parallel layout and a cluster: the transformer planner.
+
+`work` turns the model (ringtree.sim.transformer) and the layout (ringtree.sim.layout) into what one
+GPU does per micro-batch, timed by the compute model (ringtree.sim.compute); `plan` prices it on the
+cluster with the planner's one predictor (ringtree.sim.plan.predict) and adds per-stage memory
+(ringtree.sim.memory). Indices: l layers, h hidden, s sequence, b micro-batch, t TP, c CP, p PP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ringtree.sim import compute
+from ringtree.sim.clusters import GPU
+from ringtree.sim.hardware import Cluster
+from ringtree.sim.layout import Training, check
+from ringtree.sim.memory import activation_bytes_per_layer, memory, states_bytes
+from ringtree.sim.plan import StepPrediction, StepWork, predict
+from ringtree.sim.transformer import Transformer
+
+ITEMSIZE = 2  # 16-bit activations, gradients and collectives
+
+
+def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float, float]:
+    """One layer's forward and backward (recompute included) on one rank, and its attention forward."""
+    tokens = run.micro_batch * model.seq // run.cp
+    mats = compute.matmuls_s(model, tokens, run.tp, gpu, run.dtype)
+    attention = compute.attention_s(
+        model, run.micro_batch, run.tp, run.cp, gpu, run.dtype, run.flash_attention
+    )
+    other = compute.elementwise_s(activation_bytes_per_layer(model, run, "none"), gpu)
+    forward = mats + attention + other
+    backward = 2 * (mats + other) + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
+    redo = {"none": 0.0, "selective": attention, "full": forward}[run.recompute]
+    return forward, backward + redo, attention
+
+
+def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
+    """One GPU's step: its stage's l/p layers (and 1/p of the logits) on its TP and CP slice, per
+    micro-batch."""
+    t, p = run.tp, run.pp
+    layers = model.layers / p
+    forward, backward, attention = layer_times(model, run, gpu)
+    tokens = run.micro_batch * model.seq // run.cp
+    logits = compute.logits_s(model, tokens, t, gpu, run.dtype) / p
+    stage_params = model.params / (t * p)
+    m = run.micro_batches(dp)
+    return StepWork(
+        forward_s=layers * forward + logits,
+        backward_s=layers * backward + 2 * logits,
+        micro_batches=m,
+        grad_bytes=int(stage_params) * ITEMSIZE,
+        itemsize=ITEMSIZE,
+        bucket_mb=run.bucket_mb,
+        overlap=run.overlap,
+        samples=run.global_batch,
+        tp_bytes=tokens * model.hidden * ITEMSIZE,
+        tp_forward=round(2 * layers),
+        tp_backward=round((4 if run.recompute == "full" else 2) * layers),
+        activation_bytes=tokens * model.hidden * ITEMSIZE // t,  # scatter-gather over the TP ranks
+        flops=model.model_flops(run.global_batch),
+        peak_flops=gpu.peak(run.dtype),
+        optimizer_s=2 * states_bytes(stage_params, run, dp * run.cp) / (gpu.hbm_GBps * 1e9),
+        layers=layers,
+        cp_bytes=2 * run.micro_batch * model.seq * model.kv_hidden // t * ITEMSIZE if run.cp > 1 else 0,
+        attention_s=attention,
+        hardware_flops=model.step_flops(run.global_batch, run.recompute),
+    )
+
+
+def plan(
+    model: Transformer, run: Training, cluster: Cluster, gpu: GPU, algorithm: str = "ring", fast: bool = False
+) -> StepPrediction:
+    """The predicted step of `model` trained as `run` on `cluster` of `gpu`s, with per-stage memory.
+
+    `fast` bounds the pipeline replay by its closed form (the search's first pass)."""
+    dp = check(model, run, cluster.ranks)
+    w = work(model, run, gpu, dp)
+    row = predict(w, cluster, algorithm, run.layout, fast)
+    details = {
+        "model": dataclasses.asdict(model),
+        "params": model.params,
+        "training": dataclasses.asdict(run),
+        "gpu": gpu.name,
+        "model_flops_per_step": w.flops,
+    }
+    return dataclasses.replace(row, memory=memory(model, run, w.micro_batches, dp, gpu), details=details)

@@ -1,0 +1,116 @@
+"""`plan --search`: every layout of a model on a cluster that fits in memory, fastest first.
+
+The space is TP (powers of two inside a node, dividing the heads) x CP (1, 2, 4, 8, dividing s / 2)
+x PP (dividing the layers) x DP (the rest) x virtual stages (1, 2, 4) x ZeRO (0-3) x sequence
+parallelism x micro-batch (1, 2, 4, 8) x recompute. A first pass prices every layout with the
+pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again with the replayed
+pipeline and ranked by that. Sequence parallelism is always on with TP (the same traffic as the
+all-reduces, less memory and elementwise time), and each layout takes the lowest ZeRO stage that fits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ringtree.sim.clusters import GPU
+from ringtree.sim.hardware import Cluster
+from ringtree.sim.layout import Training, check
+from ringtree.sim.memory import fits
+from ringtree.sim.plan import StepPrediction, predict
+from ringtree.sim.predictor import plan, work
+from ringtree.sim.transformer import RECOMPUTE, Transformer
+
+REPLAYED = 30  # layouts re-priced with the replayed pipeline after the closed-form pass
+MICRO_BATCHES = (1, 2, 4, 8)
+VIRTUAL = (1, 2, 4)
+
+
+def _degrees(model: Transformer, cluster: Cluster) -> Iterator[tuple[int, int, int]]:
+    """(tp, cp, pp) that divide what they split and the GPU count."""
+    n, g = cluster.ranks, cluster.gpus_per_node
+    tps = [t for t in (1, 2, 4, 8, 16) if t <= g and g % t == 0 and model.heads % t == 0]
+    cps = [c for c in (1, 2, 4, 8) if c == 1 or model.seq % (2 * c) == 0]
+    pps = [p for p in range(1, model.layers + 1) if model.layers % p == 0]
+    for t, c, p in itertools.product(tps, cps, pps):
+        if n % (t * c * p) == 0 and model.ffn_hidden % t == 0:
+            yield t, c, p
+
+
+def candidates(
+    model: Transformer, global_batch: int, cluster: Cluster, dtype: str, recompute: tuple[str, ...]
+) -> Iterator[list[Training]]:
+    """Every layout the model and the GPU count allow, memory not yet checked, in groups that differ
+    only in the ZeRO stage (0 to 3: each slower or as fast, and smaller)."""
+    for t, c, p in _degrees(model, cluster):
+        dp = cluster.ranks // (t * c * p)
+        sp = t > 1  # the all-reduce's traffic, less memory and elementwise time: always taken
+        for v, b, r in itertools.product(VIRTUAL, MICRO_BATCHES, recompute):
+            if global_batch % (dp * b) or (v > 1 and (p == 1 or model.layers % (p * v))):
+                continue
+            if v > 1 and (global_batch // (dp * b)) % p:
+                continue
+            stages = (0, 1, 2, 3) if dp * c > 1 else (0,)  # nothing to shard over a single rank
+            yield [Training(global_batch, b, t, p, dtype, r, True, 25.0, "1f1b", c, v, sp, z) for z in stages]
+
+
+@dataclass(frozen=True)
+class Found:
+    """The search's answer: the fastest layouts (replayed), fastest first, and how many fit."""
+
+    rows: list[StepPrediction]
+    fitted: int
+
+
+def search(
+    model: Transformer,
+    global_batch: int,
+    cluster: Cluster,
+    gpu: GPU,
+    dtype: str = "bf16",
+    recompute: tuple[str, ...] = RECOMPUTE,
+    algorithm: str = "ring",
+) -> Found:
+    """The fastest layouts that fit in memory, each with the least ZeRO sharding it needs
+    (gradient reduction overlapped, as today's runs do)."""
+    rough = []
+    for group in candidates(model, global_batch, cluster, dtype, recompute):
+        dp = check(model, group[0], cluster.ranks)
+        m = group[0].micro_batches(dp)
+        run = next((r for r in group if fits(model, r, m, dp, gpu)), None)
+        if run is not None:
+            step = predict(work(model, run, gpu, dp), cluster, algorithm, run.layout, fast=True).step_s
+            rough.append((step, run))
+    rough.sort(key=lambda x: x[0])
+    exact = [plan(model, run, cluster, gpu, algorithm) for _, run in rough[:REPLAYED]]
+    return Found(sorted(exact, key=lambda row: row.step_s), len(rough))
+
+
+_WORDS = {"tp": "TP", "cp": "CP", "pp": "PP", "dp": "DP", "virtual_stages": "virtual stages",
+          "zero": "ZeRO", "sequence_parallel": "sequence parallel", "micro_batch": "micro-batch",
+          "recompute": "recompute"}  # fmt: skip
+
+
+def _layout(row: StepPrediction) -> dict[str, object]:
+    t = row.details["training"]
+    return {"tp": row.tp, "cp": row.cp, "pp": row.pp, "dp": row.dp, "virtual_stages": row.virtual_stages,
+            "zero": row.zero, "sequence_parallel": row.sequence_parallel, "micro_batch": t["micro_batch"],
+            "recompute": t["recompute"]}  # fmt: skip
+
+
+def why(found: Found) -> str:
+    """Why the first layout wins: what it spends its step on, and what the runner-up does differently."""
+    rows = found.rows
+    best = rows[0]
+    parts = sorted(best.breakdown.items(), key=lambda kv: -kv[1])
+    shares = ", ".join(
+        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}" for k, v in parts if v > 0
+    )
+    text = f"{found.fitted} layouts fit; the first spends its step on {shares}"
+    if len(rows) > 1:
+        second = rows[1]
+        a, b = _layout(best), _layout(second)
+        diff = ", ".join(f"{_WORDS[k]} {b[k]} instead of {a[k]}" for k in a if a[k] != b[k])
+        text += f"; the runner-up ({diff}) is {second.step_s / best.step_s - 1:.1%} slower"
+    return text
