@@ -3,9 +3,10 @@
 Three kinds of work (constants named, sourced and listed in docs/simulator.md, "Compute model"):
   * matmuls: 2 m n k FLOPs at the GPU's dense peak x its matmul share (the best matmul measured on
     it, MAMF, over its peak: Hopper reaches a smaller share than Ampere) x GEMM_EFFICIENCY (what a
-    training run's large cuBLAS GEMMs reach of that best), scaled by the shape: output tiles of TILE x TILE are padded (tile quantization), and a
-    GEMM of fewer tiles than the GPU has SMs leaves SMs idle; a GEMM whose operands take longer to
-    stream from HBM than its FLOPs is priced by its bytes; every kernel costs KERNEL_S more;
+    training run's large cuBLAS GEMMs reach of that best), scaled by the shape: output tiles of
+    TILE x TILE are padded (tile quantization), and a GEMM of fewer tiles than the GPU has SMs
+    leaves SMs idle; a GEMM whose operands take longer to stream from HBM than its FLOPs is priced
+    by its bytes; every kernel costs KERNEL_S more;
   * attention as flash attention computes it (or, for runs without it, as two GEMMs per head whose
     s x s scores go through HBM): its FLOPs at FLASH_EFFICIENCY of the dense peak, the
     backward FLASH_BACKWARD times the forward (it recomputes the scores; Dao 2023), nothing stored
