@@ -149,7 +149,7 @@ def test_contract_command() -> None:
         "plan", "--model", "transformer", "--layers", "80", "--hidden", "8192", "--heads", "64",
         "--kv-heads", "8", "--ffn-hidden", "28672", "--mlp", "swiglu", "--seq", "8192", "--vocab", "128256",
         "--global-batch", "128", "--micro-batch", "1", "--tp", "4", "--pp", "4", "--cp", "2",
-        "--virtual-stages", "5", "--sequence-parallel", "--zero", "1", "--overlap", "--nodes", "8",
+        "--virtual-stages", "5", "--sequence-parallel", "--zero", "2", "--overlap", "--nodes", "8",
         "--cluster", "dgx-h100", "--dtype", "bf16", "--recompute", "none", "--json", "plan.json",
     ]  # fmt: skip
     # defaults are left out, so a GPT row runs on a planner without the new options
