@@ -6,7 +6,8 @@ the figure they published and where) becomes the planner's contract command
     ringtree plan --model transformer --layers L --hidden H --heads A [--kv-heads K]
         [--ffn-hidden F] [--mlp gelu|swiglu] --seq S --vocab V --global-batch B --micro-batch b
         --tp T --pp P [--cp C] [--virtual-stages V] [--sequence-parallel] [--zero Z]
-        --nodes N --cluster NAME --dtype fp16|bf16 --recompute none|selective|full --json OUT
+        [--overlap] [--no-flash-attention] --nodes N --cluster NAME --dtype fp16|bf16
+        --recompute none|selective|full --json OUT
 
 (optional flags only where the row needs them), which is run; `step_s`, `mfu` and `memory.fits`
 are read from its JSON. A row whose options the planner refuses (exit code 2: an option it does
@@ -69,6 +70,8 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--virtual-stages", str(t["virtual_stages"])] if t["virtual_stages"] > 1 else []
     args += ["--sequence-parallel"] if t["sequence_parallel"] else []
     args += ["--zero", str(t["zero"])] if t["zero"] else []
+    args += ["--overlap"] if t.get("overlap") else []
+    args += ["--no-flash-attention"] if not t.get("flash_attention", True) else []
     args += ["--nodes", str(s["gpus"] // s["gpus_per_node"]), "--cluster", s["cluster"]]
     return [*args, "--dtype", t["dtype"], "--recompute", t["recompute"], "--json", str(out)]
 
@@ -150,16 +153,30 @@ def outcome(row: dict[str, Any], returncode: int, output: str, plan: dict[str, A
     return compare(row, plan)
 
 
-def run_row(row: dict[str, Any]) -> dict[str, Any]:
+def _subprocess(args: list[str]) -> tuple[int, str]:
+    """`python -m ringtree ARGS` in a fresh process: the user's path."""
+    done = subprocess.run([sys.executable, "-m", "ringtree", *args], cwd=ROOT, capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _in_process(args: list[str]) -> tuple[int, str]:
+    """The same command line through the same CLI, in this process (no interpreter start per row)."""
+    from typer.testing import CliRunner
+
+    from ringtree.cli.app import app
+
+    done = CliRunner().invoke(app, args)
+    return done.exit_code, done.output
+
+
+def run_row(row: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
     """Run the row's command and compare; never raises for what the planner refuses."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
         args = command(row, out)
-        done = subprocess.run(
-            [sys.executable, "-m", "ringtree", *args], cwd=ROOT, capture_output=True, text=True
-        )
+        returncode, output = (_in_process if in_process else _subprocess)(args)
         plan = json.loads(out.read_text()) if out.exists() else None
-    result = outcome(row, done.returncode, done.stdout + done.stderr, plan)
+    result = outcome(row, returncode, output, plan)
     return {"id": row["id"], "command": "ringtree " + " ".join([*args[:-1], "plan.json"]), **result}
 
 
@@ -230,13 +247,21 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="The dataset (default: %(default)s).")
     parser.add_argument("--only", default="", help="Run only rows whose id contains this text.")
     parser.add_argument("--jobs", type=int, default=1, help="Commands run at once (default 1).")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="Run each command line through the CLI in this process (faster; default: a subprocess each).",
+    )
     parser.add_argument("--json", type=Path, help="Write the results here.")
     parser.add_argument("--markdown", type=Path, help="Write the markdown table here.")
     args = parser.parse_args()
     data = load(args.data)
     rows = [r for r in data["rows"] if args.only in r["id"]]
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = list(pool.map(run_row, rows))
+    if args.in_process:
+        results = [run_row(r, in_process=True) for r in rows]
+    else:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            results = list(pool.map(run_row, rows))
     table = markdown(data, results)
     print(table, end="")
     if args.json:

@@ -149,13 +149,14 @@ def test_contract_command() -> None:
         "plan", "--model", "transformer", "--layers", "80", "--hidden", "8192", "--heads", "64",
         "--kv-heads", "8", "--ffn-hidden", "28672", "--mlp", "swiglu", "--seq", "8192", "--vocab", "128256",
         "--global-batch", "128", "--micro-batch", "1", "--tp", "4", "--pp", "4", "--cp", "2",
-        "--virtual-stages", "5", "--sequence-parallel", "--zero", "1", "--nodes", "8",
+        "--virtual-stages", "5", "--sequence-parallel", "--zero", "2", "--overlap", "--nodes", "8",
         "--cluster", "dgx-h100", "--dtype", "bf16", "--recompute", "none", "--json", "plan.json",
     ]  # fmt: skip
     # defaults are left out, so a GPT row runs on a planner without the new options
     gpt = bench().command(row("mt-nlg-530b-2240gpu"), out)
     assert not {"--kv-heads", "--ffn-hidden", "--mlp", "--cp", "--virtual-stages", "--zero"} & set(gpt)
     assert gpt[gpt.index("--nodes") + 1] == "280" and "--sequence-parallel" not in gpt
+    assert "--no-flash-attention" in gpt and "--overlap" not in gpt  # MT-NLG: 2021, no overlap
 
 
 def test_refusals_are_reported_not_raised() -> None:

@@ -566,7 +566,7 @@ def _transformer(
 ) -> None:
     """The transformer model: one layout, or --search over all that fit."""
     from ringtree.sim.layout import Training
-    from ringtree.sim.predictor import plan
+    from ringtree.sim.predictor import default_algorithm, plan
     from ringtree.sim.search import search as search_layouts
     from ringtree.sim.search import why
     from ringtree.sim.transformer import RECOMPUTE
@@ -582,7 +582,7 @@ def _transformer(
         if global_batch is None:
             raise ValueError("the transformer model needs --global-batch (sequences per optimizer step)")
         gpu, cluster = links.gpu(), links.cluster()
-        chosen = "ring" if algorithm == "auto" else algorithm
+        chosen = default_algorithm(cluster) if algorithm == "auto" else algorithm
         if search:
             if recompute is not None and recompute not in RECOMPUTE:
                 raise ValueError(f"unknown --recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")

@@ -1,10 +1,12 @@
 """The time of one transformer layer on one GPU, from its dense peak, memory bandwidth and op shapes.
 
 Three kinds of work (constants named, sourced and listed in docs/simulator.md, "Compute model"):
-  * matmuls: 2 m n k FLOPs at the GPU's dense peak x GEMM_EFFICIENCY (what large cuBLAS GEMMs
-    reach), scaled by the shape: output tiles of TILE x TILE are padded (tile quantization), and a
-    GEMM of fewer tiles than the GPU has SMs leaves SMs idle; a GEMM whose operands take longer to
-    stream from HBM than its FLOPs is priced by its bytes; every kernel costs KERNEL_S more;
+  * matmuls: 2 m n k FLOPs at the GPU's dense peak x its matmul share (the best matmul measured on
+    it, MAMF, over its peak: Hopper reaches a smaller share than Ampere) x GEMM_EFFICIENCY (what a
+    training run's large cuBLAS GEMMs reach of that best), scaled by the shape: output tiles of
+    TILE x TILE are padded (tile quantization), and a GEMM of fewer tiles than the GPU has SMs
+    leaves SMs idle; a GEMM whose operands take longer to stream from HBM than its FLOPs is priced
+    by its bytes; every kernel costs KERNEL_S more;
   * attention as flash attention computes it (or, for runs without it, as two GEMMs per head whose
     s x s scores go through HBM): its FLOPs at FLASH_EFFICIENCY of the dense peak, the
     backward FLASH_BACKWARD times the forward (it recomputes the scores; Dao 2023), nothing stored
@@ -19,7 +21,9 @@ from __future__ import annotations
 from ringtree.sim.clusters import GPU
 from ringtree.sim.transformer import Transformer
 
-GEMM_EFFICIENCY = 0.72  # large fp16 GEMMs on an A100 reach about 225 of 312 TFLOP/s in cuBLAS
+# large fp16 GEMMs on an A100 reach about 225 of 312 TFLOP/s in cuBLAS: 0.72 of the peak, 0.838 of
+# the A100's MAMF (267.9); other GPUs reach the same share of their own MAMF
+GEMM_EFFICIENCY = 0.72 / 0.859
 TILE = 128  # cuBLAS's usual output tile edge for 16-bit GEMMs on Ampere and Hopper
 FLASH_EFFICIENCY = 0.6  # FlashAttention-2 forward: 50-73% of A100 peak (Dao 2023, figure 4)
 FLASH_BACKWARD = 2.5  # the backward runs 5 matmuls to the forward's 2
@@ -42,7 +46,8 @@ def gemm_s(m: int, n: int, k: int, gpu: GPU, dtype: str, itemsize: int = 2) -> f
     """One m x k by k x n matmul on the roofline (FLOPs at the shape's efficiency, or bytes) + a kernel."""
     if min(m, n, k) < 1:
         return 0.0
-    flops = 2.0 * m * n * k / (gpu.peak(dtype) * GEMM_EFFICIENCY * shape_efficiency(m, n, gpu))
+    rate = gpu.peak(dtype) * gpu.matmul_share * GEMM_EFFICIENCY * shape_efficiency(m, n, gpu)
+    flops = 2.0 * m * n * k / rate
     memory = itemsize * (m * k + k * n + m * n) / (gpu.hbm_GBps * 1e9)
     return max(flops, memory) + KERNEL_S
 

@@ -403,7 +403,7 @@ def predict(
     bubble = makespan - busy
     makespan += work.sync_wait_s
     reduce_s, times = _reduce_s(work, layout, g.dp, algorithm)
-    if work.overlap and times:
+    if (work.overlap or layout.zero == 3) and times:  # FSDP reduce-scatters each layer in its backward
         # bucket i starts once the last backward has produced it and bucket i-1 is done, so the last
         # ends at max over i of (bucket i's start + the times of buckets i..k)
         ready = makespan - backward + backward * np.cumsum(_sizes(work)) / work.grad_bytes

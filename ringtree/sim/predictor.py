@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ringtree.sim import compute
+from ringtree.sim import compute, nccl_model
 from ringtree.sim.clusters import GPU
 from ringtree.sim.hardware import Cluster
 from ringtree.sim.layout import Training, check
@@ -19,6 +19,12 @@ from ringtree.sim.plan import StepPrediction, StepWork, predict
 from ringtree.sim.transformer import Transformer
 
 ITEMSIZE = 2  # 16-bit activations, gradients and collectives
+
+
+def default_algorithm(cluster: Cluster) -> str:
+    """What `--algorithm auto` prices a transformer's collectives with: NCCL (`native`, NCCL's own
+    cost model) on a GPU cluster NCCL has a model of, as the published GPU runs use; ring elsewhere."""
+    return "native" if nccl_model.tuning_for(cluster) is not None else "ring"
 
 
 def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float, float]:

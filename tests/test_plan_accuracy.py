@@ -1,0 +1,133 @@
+"""The planner's accuracy fixes (issue 21): NCCL as `auto` on GPU clusters, FSDP's overlapped
+reduce-scatter, matmuls at each GPU's measured share of its peak; and the published runs
+(docs/accuracy.md) and the 2021 A100 anchors held to the errors reached, so a regression fails."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from typer.testing import CliRunner
+
+from ringtree.cli.app import app
+from ringtree.sim import compute
+from ringtree.sim.clusters import A100_80, B200, GPU, H100, get
+from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.layout import Training
+from ringtree.sim.plan import Layout, StepWork, predict
+from ringtree.sim.predictor import default_algorithm, plan
+from ringtree.sim.transformer import Transformer
+
+BENCH = Path(__file__).parents[1] / "benchmarks"
+# what the published runs reach (docs/accuracy.md, "Published runs, H100 and A100"), rounded up
+MEDIAN_ABS_ERROR, MAX_ABS_ERROR, MEAN_ABS_ERROR = 0.095, 0.48, 0.145
+# rows the memory model says do not fit, and why (docs/accuracy.md): torchtitan's 8B FSDP ran on
+# 96 GB H100s (82.4 GiB measured), the preset's hold 80 GB; Llama 3 405B's interleaving, sequence
+# parallelism and recompute are not published
+NOT_FITTING = {
+    "torchtitan-h100-llama3.1-8b-8gpu",
+    "torchtitan-h100-llama3.1-8b-128gpu",
+    "llama3-405b-8192gpu",
+    "llama3-405b-16384gpu",
+    "llama3-405b-16384gpu-cp16",
+}
+# Narayanan et al. 2021's A100 table: the worst errors before issue 21 (benchmarks/published_figures.py)
+ANCHOR_LOW, ANCHOR_HIGH = -0.056, 0.054
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def published() -> list[dict[str, object]]:
+    """Every published run through the contract command, in this process."""
+    bench = _script("published_runs")
+    return [bench.run_row(row, in_process=True) for row in bench.load()["rows"]]
+
+
+def test_auto_prices_a_transformers_collectives_with_nccl_on_gpu_clusters(tmp_path: Path) -> None:
+    assert default_algorithm(get("dgx-h100").cluster(2)) == "native"
+    assert default_algorithm(get("dgx-a100").cluster(1)) == "native"
+    cpu = Cluster(2, 4, Link("shm", 1e-6, 1e10), Link("eth", 1e-5, 1e9))
+    assert default_algorithm(cpu) == "ring"  # no NCCL model of a cluster that is not NVLink or PCIe
+    steps = {}
+    for algorithm in ("auto", "native", "ring"):
+        out = tmp_path / f"{algorithm}.json"
+        args = ["plan", "--model", "llama3-8b", "--global-batch", "32", "--tp", "4", "--nodes", "2",
+                "--cluster", "dgx-h100", "--algorithm", algorithm, "--json", str(out)]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        data = json.loads(out.read_text())
+        steps[algorithm] = (data["algorithm"], data["step_s"])
+    assert steps["auto"] == steps["native"] and steps["auto"][0] == "native"
+    assert steps["ring"][1] > steps["native"][1]  # NCCL's NVLS/tree beat a flat ring on H100 nodes
+
+
+def test_fsdp_reduce_scatters_overlap_the_backward_and_zero_1_only_when_asked() -> None:
+    """FSDP (ZeRO-3) reduce-scatters each layer's gradients in the backward; ZeRO-1 after it unless
+    --overlap (Megatron's --overlap-grad-reduce)."""
+    slow = Cluster(4, 1, Link("nv", 1e-6, 1e11), Link("net", 1e-5, 1e9))
+    work = StepWork(0.1, 0.2, 4, 64 << 20, 2, bucket_mb=8, layers=4)
+    for zero in (1, 3):
+        alone = predict(work, slow, "ring", Layout(zero=zero))
+        asked = predict(StepWork(**{**work.__dict__, "overlap": True}), slow, "ring", Layout(zero=zero))
+        assert alone.dp_allreduce_s == pytest.approx(asked.dp_allreduce_s) and alone.dp_allreduce_s > 0
+        if zero == 3:
+            assert alone.exposed_dp_s == pytest.approx(asked.exposed_dp_s)
+            assert alone.exposed_dp_s < alone.dp_allreduce_s
+        else:
+            assert alone.exposed_dp_s == pytest.approx(alone.dp_allreduce_s)
+            assert asked.exposed_dp_s < alone.exposed_dp_s
+
+
+def test_matmuls_run_at_each_gpus_measured_share_of_its_peak() -> None:
+    """The A100's large-GEMM rate stays 0.72 of its peak; Hopper and Blackwell reach less of theirs
+    (MAMF 80.1% and 77.6% against the A100's 85.9%)."""
+    n = 8192
+
+    def rate(gpu: GPU) -> float:
+        seconds = compute.gemm_s(n, n, n, gpu, "bf16") - compute.KERNEL_S
+        return 2 * n**3 / seconds / gpu.peak("bf16")
+
+    assert rate(A100_80) == pytest.approx(0.72)
+    assert rate(H100) == pytest.approx(0.72 * 0.801 / 0.859)
+    assert rate(B200) < rate(H100) < rate(A100_80)
+
+
+def test_published_runs_hold_the_accuracy_reached() -> None:
+    results = published()
+    assert all(r["status"] == "ok" for r in results), [r for r in results if r["status"] != "ok"]
+    errors = [abs(float(r["error"])) for r in results]  # type: ignore[arg-type]
+    assert statistics.median(errors) <= MEDIAN_ABS_ERROR
+    assert max(errors) <= MAX_ABS_ERROR
+    assert statistics.fmean(errors) <= MEAN_ABS_ERROR
+    assert {str(r["id"]) for r in results if not r["fits"]} == NOT_FITTING
+
+
+def test_the_2021_a100_anchors_stay_within_their_errors() -> None:
+    rows = _script("published_figures").megatron()
+    assert len(rows) == 10
+    for name, predicted, published_tflops in rows:
+        assert ANCHOR_LOW - 1e-3 <= predicted / published_tflops - 1 <= ANCHOR_HIGH + 1e-3, name
+
+
+def test_a_run_without_flash_attention_is_slower_and_holds_its_scores() -> None:
+    """The published runs of 2021-2022 (--no-flash-attention) store the s x s scores unless recomputed."""
+    model, cluster = Transformer(24, 2048, 16, 2048, 51200), get("dgx-a100").cluster(1)
+    fused, unfused = (
+        plan(model, Training(64, 2, 2, dtype="fp16", flash_attention=f), cluster, A100_80)
+        for f in (True, False)
+    )
+    assert unfused.compute_s > fused.compute_s
+    assert unfused.memory is not None and fused.memory is not None
+    assert unfused.memory["activations_GiB"] > fused.memory["activations_GiB"]
