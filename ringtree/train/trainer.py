@@ -135,7 +135,7 @@ def preflight(cfg: TrainConfig) -> None:
     make_loss(cfg.loss)
     _check_model(make_model(cfg.model), cfg)
     if cfg.teacher is not None:
-        load_teacher(cfg.teacher, make_model)  # a missing or damaged file is named here, once
+        load_teacher(cfg.teacher, make_model, report=print)  # a damaged file is named here, once
     if cfg.resume and cfg.checkpoint_dir is not None:
         checkpoint.load(cfg.checkpoint_dir)  # no usable checkpoint: said here, not by every worker
 
