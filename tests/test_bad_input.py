@@ -30,6 +30,7 @@ CASES: list[tuple[list[str], str]] = [
     (["train", "--max-restarts", "1"], "pass --checkpoint-dir DIR"),
     (["train", "--keep-checkpoints", "3"], "needs --checkpoint-dir"),
     (["train", "--schedule", "gpipe"], "--pp"),
+    (["train", "--micro-batches", "4"], "--micro-batches needs --pp 2 or more"),  # flags, not fields
     (["train", "--distill-alpha", "0.3"], "--teacher"),
     (["train", "--json", "{tmp}"], "is a folder"),
     (["train", "--teacher", "{file}"], "cannot be read as a checkpoint"),

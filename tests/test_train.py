@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from ringtree.cli.app import app
 from ringtree.launch import spawn
 from ringtree.train import RankResult, TrainConfig, Trainer
+from ringtree.train.config import ConfigError, effective
 from ringtree.train.data import digits
 from ringtree.train.models import ViT, build_model
 from ringtree.train.summary import METRIC_KEYS
@@ -44,19 +45,42 @@ def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
         ({"pp": 2, "schedule": "pipedream", "accumulate": 2}, "cannot apply"),
         ({"model": "nodots"}, "choose one of mlp, mlp-tiny, vit or pkg.mod:factory"),
         ({"compression": "int8"}, "unknown compression 'int8'"),
-        ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
-        ({"lr": -1.0}, "lr must be positive, got -1.0"),
-        ({"resume": True}, "resume needs a checkpoint directory"),
+        ({"batch_size": 0}, "--batch-size must be at least 1, got 0"),
+        ({"lr": -1.0}, "--lr must be positive, got -1.0"),
+        ({"resume": True}, "--resume needs a checkpoint directory"),
     ],
 )
 def test_config_errors_name_the_value(changes: dict[str, Any], words: str) -> None:
-    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError) as caught:
         TrainConfig(**changes)
+    assert words in caught.value.cli  # the command line reads its flags
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"micro_batches": 8}, "micro_batches needs pp=2 or more; drop it or add pp"),
+        ({"tp": 2}, "tp=2 shards the vit's transformer blocks; use model=vit or tp=1"),
+        ({"mode": "dp", "overlap": False}, "overlap: options of DDP's buckets, which mode=dp does not have"),
+        ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+        ({"timeout_s": -1.0}, "timeout_s must be positive"),
+        ({"teacher": "/no/such/dir"}, "train one first with `ringtree train --checkpoint-dir DIR`"),
+    ],
+)
+def test_config_errors_from_python_name_the_field(changes: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        TrainConfig(**changes)
+    assert words in str(caught.value)
+    flags = str(caught.value).split("`")[0::2]  # a quoted command may hold flags
+    assert not any("--" in part for part in flags), str(caught.value)
+
+
+def test_a_value_that_changes_nothing_is_accepted() -> None:
+    assert TrainConfig(micro_batches=1).micro_batches == 1  # one micro-batch, no pipeline: the same run
+    assert "micro_batches" not in effective(TrainConfig(micro_batches=1))
 
 
 def test_the_effective_configuration_leaves_out_what_had_no_effect() -> None:
-    from ringtree.train.config import effective
-
     plain = effective(TrainConfig())
     assert plain["bucket_mb"] == 25.0 and plain["overlap"] is True and plain["timeout_s"] == 60.0
     assert "schedule" not in plain and "distill_alpha" not in plain and "checkpoint_segments" not in plain

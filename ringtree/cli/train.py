@@ -95,7 +95,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
         _check_restarts(cfg)
         preflight(cfg)
     except (ValueError, TypeError) as e:
-        raise typer.BadParameter(str(e)) from None
+        raise typer.BadParameter(getattr(e, "cli", str(e))) from None  # the flags' words
     return cfg
 
 

@@ -11,7 +11,10 @@ default to None: `validate` refuses them when they were given but would have no 
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,60 @@ DEFAULTS: dict[str, Any] = {
     "keep_checkpoints": 2,  # the newest and one before it: a truncated newest still resumes
     "threads": 2,  # CPU copies without GPUs: enough to show device 0's extra load
 }
+
+
+class ConfigError(ValueError):
+    """A refused configuration. Written once, with the command line's flags (`--pp 2`): `str()` gives
+    the library's words (`pp=2`), the ones a TrainConfig caller typed; `.cli` the flags."""
+
+    def __init__(self, cli: str) -> None:
+        super().__init__(cli)
+        self.cli = cli
+
+    def __str__(self) -> str:
+        return _library_words(self.cli)
+
+
+_FLAG = re.compile(r"--(no-)?([a-z][a-z-]*)( (?:\d[\d.e-]*|[A-Z]+\b|'[^']*'|[a-z0-9_-]+))?")
+
+
+def _library_words(cli: str) -> str:
+    """`--micro-batches 4 needs --pp 2` -> `micro_batches=4 needs pp=2`: each TrainConfig flag
+    becomes its field (with `=value` when a value follows it); other flags (--nproc) stay."""
+    names = {flag(f.name): f.name for f in fields(TrainConfig)}
+    values = {*MODELS, *MODES, *SCHEDULES, *DEVICES, *COMPRESSIONS, *BALANCES, *MASTER_ALGORITHMS}
+    values |= {"off", "bf16", "fp16", "double_tree", "halving_doubling", "hierarchical"}
+
+    def rename(m: re.Match[str]) -> str:
+        name = names.get(f"--{m.group(2)}")
+        if name is None:
+            return m.group(0)
+        if m.group(1):
+            return f"{name}=False"
+        value = (m.group(3) or "").strip()
+        is_value = bool(value) and (
+            value[0].isdigit() or value.isupper() or value[0] == "'" or value in values
+        )
+        return f"{name}={value}" if is_value else f"{name}{m.group(3) or ''}"
+
+    parts = re.sub(r"--([a-z-]+)/--no-\1\b", r"--\1", cli).split("`")
+    # a quoted command (`ringtree train --checkpoint-dir DIR`) keeps its flags
+    return "`".join(part if i % 2 else _FLAG.sub(rename, part) for i, part in enumerate(parts))
+
+
+def _speaks_library(check: Callable[..., None]) -> Callable[..., None]:
+    """Turn a check's ValueError into a ConfigError: a library caller reads field names, the CLI flags."""
+
+    @functools.wraps(check)
+    def wrapped(*args: Any, **kwargs: Any) -> None:
+        try:
+            check(*args, **kwargs)
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    return wrapped
 
 
 def _opt(default: Any, help: str, flag: str | None = None) -> Any:
@@ -110,6 +167,7 @@ class TrainConfig:
         return DEFAULTS.get(name) if value is None else value
 
 
+@_speaks_library
 def validate(cfg: TrainConfig, world_size: int | None = None) -> None:
     """Raise ValueError, in one sentence naming the option and the fix, for a setup that cannot run.
 
@@ -143,23 +201,23 @@ def _check_values(cfg: TrainConfig) -> None:
         _choice("pp_balance", cfg.pp_balance, BALANCES)
     for name in ("max_restarts", "straggler_every"):
         if getattr(cfg, name) < 0:
-            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
+            raise ValueError(f"{flag(name)} must be 0 or more, got {getattr(cfg, name)}")
     if cfg.keep_checkpoints is not None and cfg.keep_checkpoints < 1:
-        raise ValueError(f"keep_checkpoints must be at least 1, got {cfg.keep_checkpoints}")
+        raise ValueError(f"--keep-checkpoints must be at least 1, got {cfg.keep_checkpoints}")
     for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
         if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+            raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
     if cfg.micro_batches is not None and cfg.micro_batches < 1:
-        raise ValueError(f"micro_batches must be at least 1, got {cfg.micro_batches}")
+        raise ValueError(f"--micro-batches must be at least 1, got {cfg.micro_batches}")
     for name in ("lr", "bucket_mb", "timeout_s"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
-            raise ValueError(f"{name} must be positive, got {value}")
+            raise ValueError(f"{flag(name)} must be positive, got {value}")
     if cfg.checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be >= 0 (0: every epoch), got {cfg.checkpoint_every}")
+        raise ValueError(f"--checkpoint-every must be >= 0 (0: every epoch), got {cfg.checkpoint_every}")
     if cfg.checkpoint_segments < 0:
         raise ValueError(
-            f"checkpoint_segments must be >= 0 (0: about sqrt(blocks)), got {cfg.checkpoint_segments}"
+            f"--checkpoint-segments must be >= 0 (0: about sqrt(blocks)), got {cfg.checkpoint_segments}"
         )
     check_distill(cfg.get("distill_temperature"), cfg.get("distill_alpha"))
     if cfg.teacher is not None:
@@ -179,15 +237,16 @@ _NEEDS = (
 def _check_combinations(cfg: TrainConfig) -> None:
     present = {"pp": cfg.pp > 1, "teacher": cfg.teacher is not None}
     for name, needs, message in _NEEDS:
-        if getattr(cfg, name) is not None and not present[needs]:
+        neutral = name == "micro_batches" and cfg.micro_batches == 1  # one micro-batch: no pipeline
+        if getattr(cfg, name) is not None and not present[needs] and not neutral:
             raise ValueError(message)
     if cfg.checkpoint_segments and not cfg.checkpoint_activations:
         raise ValueError(
-            f"checkpoint_segments={cfg.checkpoint_segments} does nothing without checkpointing; "
+            f"--checkpoint-segments {cfg.checkpoint_segments} does nothing without checkpointing; "
             "add --checkpoint-activations"
         )
     if cfg.resume and not cfg.checkpoint_dir:
-        raise ValueError("resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
+        raise ValueError("--resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
     if cfg.keep_checkpoints is not None and not cfg.checkpoint_dir:
         raise ValueError(
             "--keep-checkpoints needs --checkpoint-dir DIR (there is nothing to keep without it)"
@@ -306,6 +365,7 @@ def _check_device(cfg: TrainConfig) -> None:
         )
 
 
+@_speaks_library
 def check_world(cfg: TrainConfig, world_size: int) -> None:
     """Raise ValueError when tp x pp does not divide the world (or tp exceeds a node under torchrun)."""
     if world_size < 1:
