@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import traceback
 from dataclasses import replace
 from pathlib import Path
@@ -89,9 +90,14 @@ def _reference(cfg: TrainConfig) -> tuple[nn.Module, float]:
     return net, float(loss.detach())
 
 
-def test_library_api_trains_a_regression_on_one_process() -> None:
+def test_library_api_trains_a_regression_on_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     net = _regressor()
     summary = Trainer(net, _regression(), nn.MSELoss(), REGRESSION, test_dataset=_regression(64)).fit()
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("ringtree")]
+    assert left == []  # the world of one left no store file behind (torch's own caches aside)
     reference, last_loss = _reference(REGRESSION)
     for a, b in zip(net.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

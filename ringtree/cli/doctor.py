@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import console, print_table, write_json
+from ringtree.cli.output import check_output, console, print_table, write_json
 from ringtree.units import parse_size
 
 if TYPE_CHECKING:  # torch loads only when the command runs
@@ -34,6 +34,7 @@ def doctor(
     """Measure bandwidth and latency between and within nodes, each rank's compute, and versions."""
     from ringtree.doctor import DoctorConfig
 
+    check_output(json_path, "--json")  # before the check runs, not after
     try:
         expect = 0.0
         if expect_bw:

@@ -417,13 +417,10 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
 
 def load_file(path: str | Path) -> dict[str, Any]:
     """The options in a YAML or JSON file (keys: field names, dashes or underscores); ValueError if bad."""
+    from ringtree import files
+
     file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as e:
-        raise ValueError(
-            f"cannot read --config {file}: {e.strerror}; pass an existing YAML or JSON file"
-        ) from None
+    text = files.read_text(file, "--config")
     try:
         if file.suffix in (".yaml", ".yml"):
             import yaml

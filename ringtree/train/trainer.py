@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -164,7 +163,7 @@ def _join_world(cfg: TrainConfig) -> bool:
     if under_torchrun():
         init_from_env(backend, cfg.get("timeout_s"))
         return True
-    store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="ringtree-"), "store"), 1)  # type: ignore[attr-defined]
+    store = dist.HashStore()  # type: ignore[attr-defined]  # in memory: a world of one leaves no file
     dist.init_process_group(
         backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=cfg.get("timeout_s"))
     )
