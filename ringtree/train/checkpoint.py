@@ -99,6 +99,12 @@ def newest(
     return None
 
 
+def newest_file(directory: str | Path) -> Path | None:
+    """The newest step file in `directory` (not read: each was verified when it was saved), or None."""
+    folder = Path(directory)
+    return next(iter(_steps(folder)), None) if folder.is_dir() else None
+
+
 def _skip(problems: list[str], report: Callable[[str], None] | None, why: str) -> None:
     problems.append(why)
     if report is not None:

@@ -35,7 +35,7 @@ from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
 from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
-from ringtree.train import checkpoint, tensor_parallel
+from ringtree.train import checkpoint, interrupt, tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
@@ -317,6 +317,9 @@ class _Run:
         total = None if per_epoch is None else cfg.epochs * per_epoch
         description = f"{self.t.names['model']}, dp {self.mesh.dp} x tp {cfg.tp} x pp {cfg.pp}"
         first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
+        board = interrupt.publisher() if self.rank == 0 else None  # where Ctrl-C finds the step
+        if board is not None:
+            board.write(self.step)  # the step resumed from
         with ProgressBar(self.rank == 0 and cfg.progress, total or 0, description) as bar:
             for epoch in range(first_epoch, cfg.epochs):
                 epochs.set_epoch(epoch)
@@ -330,6 +333,8 @@ class _Run:
                     before = self.step
                     self._train_unit(unit)
                     done = self.step
+                    if board is not None:
+                        board.write(self.step)
                     if cfg.progress and self.step // cfg.log_every > before // cfg.log_every:
                         bar.update(self.step, self._read_last(), self.meter.rate())
                     every = cfg.checkpoint_every
