@@ -237,3 +237,20 @@ def test_help_fits_80_columns_with_every_option_name_whole() -> None:
     assert out.exit_code == 0 and max(len(line) for line in out.output.splitlines()) <= 80
     for f in fields(TrainConfig):
         assert flag(f.name) in out.output, flag(f.name)
+
+
+def test_each_model_carries_its_recipe_and_flags_override_it() -> None:
+    from ringtree.train.models import REGISTRY
+
+    for name, (_, recipe) in REGISTRY.items():
+        cfg = TrainConfig(model=name)
+        assert (cfg.get("lr"), cfg.get("epochs"), cfg.get("batch_size")) == (
+            recipe.lr,
+            recipe.epochs,
+            recipe.batch_size,
+        )
+        assert effective(cfg)["recipe"] == name
+    vit = effective(TrainConfig(model="vit", lr=1e-3))
+    assert (vit["recipe"], vit["lr"], vit["epochs"]) == ("vit", 1e-3, REGISTRY["vit"][1].epochs)
+    assert REGISTRY["vit"][1] != REGISTRY["mlp"][1]  # the vit needs more than the mlp's defaults
+    assert effective(TrainConfig(model="tests.restart_data:model"))["recipe"] == "default"

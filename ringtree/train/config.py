@@ -34,6 +34,8 @@ COMPRESSIONS = ("fp16", "bf16")
 BALANCES = ("params", "time")
 MASTER_ALGORITHMS = ("native", "ring", "tree", "ps")  # what --mode dp's reduce and broadcast run
 
+RECIPE_FIELDS = ("lr", "epochs", "batch_size")  # None: from the model's recipe (train.models.REGISTRY)
+
 # The real defaults of the options that default to None (they apply only in some setups).
 DEFAULTS: dict[str, Any] = {
     "bucket_mb": 25.0,  # torch DDP's default fusion-bucket cap
@@ -126,9 +128,9 @@ class TrainConfig:
     bucket_mb: float | None = _opt(None, "DDP fusion bucket cap in MB [25].")
     compression: str | None = _opt(None, "fp16 or bf16: DDP buckets travel in half precision.")
     overlap: bool | None = _opt(None, "Launch DDP buckets during backward (--no-overlap: after) [on].")
-    batch_size: int = _opt(32, "Samples per DP rank and micro-batch.")
-    epochs: int = _opt(20, "Passes over the training split.")
-    lr: float = _opt(3e-3, "AdamW learning rate.")
+    batch_size: int | None = _opt(None, "Samples per DP rank and micro-batch [the model's recipe].")
+    epochs: int | None = _opt(None, "Passes over the training split [the model's recipe].")
+    lr: float | None = _opt(None, "AdamW learning rate [the model's recipe].")
     weight_decay: float = _opt(1e-4, "AdamW weight decay.")
     seed: int = _opt(0, "Model init and shuffling seed.")
     accumulate: int = _opt(1, "Batches (pipeline runs under --pp) per optimizer step.")
@@ -164,7 +166,17 @@ class TrainConfig:
             from ringtree import comm
 
             return comm.DEFAULT_TIMEOUT_S  # one default for every collective in ringtree
+        if value is None and name in RECIPE_FIELDS:
+            from ringtree.train.models import recipe
+
+            return getattr(recipe(self.model)[1], name)
         return DEFAULTS.get(name) if value is None else value
+
+    def recipe(self) -> str:
+        """The name of the recipe the run's unset --lr, --epochs and --batch-size come from."""
+        from ringtree.train.models import recipe
+
+        return recipe(self.model)[0]
 
 
 @_speaks_library
@@ -205,7 +217,7 @@ def _check_values(cfg: TrainConfig) -> None:
     if cfg.keep_checkpoints is not None and cfg.keep_checkpoints < 1:
         raise ValueError(f"--keep-checkpoints must be at least 1, got {cfg.keep_checkpoints}")
     for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
-        if getattr(cfg, name) < 1:
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
     if cfg.micro_batches is not None and cfg.micro_batches < 1:
         raise ValueError(f"--micro-batches must be at least 1, got {cfg.micro_batches}")
@@ -395,6 +407,7 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     """The configuration that took effect: None defaults resolved, options without effect left out."""
     out = {f.name: cfg.get(f.name) for f in fields(cfg)}
     out["device"] = device_type(cfg)
+    out = {k: v for key, value in out.items() for k, v in _with_recipe(key, value, cfg)}
     dropped: set[str] = set()
     if cfg.mode == "dp":
         dropped |= {"bucket_mb", "compression", "overlap"}
@@ -413,6 +426,11 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.checkpoint_dir is None:
         dropped |= {"checkpoint_every", "resume", "keep_checkpoints"}
     return {k: v for k, v in out.items() if k not in dropped}
+
+
+def _with_recipe(key: str, value: Any, cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """The item, and after `model` the recipe its unset --lr/--epochs/--batch-size came from."""
+    return [(key, value), ("recipe", cfg.recipe())] if key == "model" else [(key, value)]
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
@@ -455,6 +473,7 @@ def options_markdown() -> str:
     rows = ["| option | default | meaning |", "|---|---|---|"]
     for f in fields(TrainConfig):
         default = DEFAULTS.get(f.name, f.default) if f.name != "timeout_s" else TrainConfig().get(f.name)
+        default = "recipe" if f.name in RECIPE_FIELDS else default
         shown = "none" if default is None else str(default).lower() if isinstance(default, bool) else default
         text = str(f.metadata["help"]).split(" [")[0].rstrip(".") + "."  # the default has its column
         rows.append(f"| `{flag(f.name)}` | {shown} | {text} |")

@@ -227,7 +227,9 @@ class _Run:
         self.pipe: _Pipeline | None = None
         self.threaded: ThreadedDataParallel | None = None
         self.segments = self._build_pipeline() if cfg.pp > 1 else self._build_replica()
-        self.optimizer = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.net.parameters(), lr=cfg.get("lr"), weight_decay=cfg.weight_decay
+        )
         self.step = 0
         self.stragglers = (
             StragglerMonitor(device=self.device, every=cfg.straggler_every) if cfg.straggler_every else None
@@ -269,7 +271,7 @@ class _Run:
 
     def _build_pipeline(self) -> int:
         cfg, mesh = self.cfg, self.mesh
-        sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.batch_size)))[0].to(self.device)
+        sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.get("batch_size"))))[0].to(self.device)
         stages = cut(model_layers(self.net), cfg.pp, cfg.get("pp_balance"), sample)
         body, segments = checkpointed(
             stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
@@ -288,7 +290,7 @@ class _Run:
     def _loader(self) -> tuple[Iterable[Batch], Any]:
         """This DP rank's batches (every rank of a TP group and of a pipeline reads the same)."""
         cfg, data, mesh = self.cfg, self.t.train_set, self.mesh
-        per = cfg.batch_size
+        per: int = cfg.get("batch_size")
         if cfg.pp > 1 and cfg.get("schedule") in SYNCHRONOUS:
             per *= cfg.get("micro_batches")  # one run: micro_batches micro-batches of batch_size
         pin = self.device.type == "cuda" and not cfg.prefetch
@@ -314,14 +316,14 @@ class _Run:
         loader, epochs = self._loader()
         sized = not isinstance(self.t.train_set, IterableDataset)
         per_epoch = self._steps_per_epoch(loader) if sized else None
-        total = None if per_epoch is None else cfg.epochs * per_epoch
+        total = None if per_epoch is None else cfg.get("epochs") * per_epoch
         description = f"{self.t.names['model']}, dp {self.mesh.dp} x tp {cfg.tp} x pp {cfg.pp}"
         first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
         board = interrupt.publisher() if self.rank == 0 else None  # where Ctrl-C finds the step
         if board is not None:
             board.write(self.step)  # the step resumed from
         with ProgressBar(self.rank == 0 and cfg.progress, total or 0, description) as bar:
-            for epoch in range(first_epoch, cfg.epochs):
+            for epoch in range(first_epoch, cfg.get("epochs")):
                 epochs.set_epoch(epoch)
                 self.epoch_sums = [None, 0]
                 done = epoch * per_epoch if per_epoch is not None else 0
