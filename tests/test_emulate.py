@@ -110,6 +110,8 @@ def test_doctor_names_the_node_behind_the_slow_link(tmp_path: Path) -> None:
         "doctor", "--size", "256K", "--iters", "2", "--json", str(out),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # exit 1: a suspect was found
+    assert "ChildFailedError" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.rstrip().splitlines()[-1].startswith("suspect: node 2"), done.stdout  # its last word
     report = json.loads(out.read_text())
     assert (report["nodes"], report["ranks_per_node"]) == (3, 1)
     assert [(s["node"], s["kind"]) for s in report["suspects"]] == [(2, "link")]
@@ -137,6 +139,7 @@ def test_ctrl_c_stops_the_job_and_removes_the_nodes() -> None:
     finally:
         job.kill()
     assert job.returncode == 130 and b"interrupted" in err, err[-2000:]
+    assert b"Traceback" not in err and b"SignalException" not in err, err[-2000:]  # one line, no torch
     assert leftovers() == ([], [])
 
 

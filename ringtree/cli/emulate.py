@@ -69,7 +69,7 @@ def emulate(
         signal.signal(signal.SIGTERM, previous)
     if json_path is not None:
         write_json(json_path, result.record)
-    if result.code:
+    if result.code and not result.verdict:  # the command's own answer is its last word
         for i, log in enumerate(result.logs):
             tail = "\n".join(log.splitlines()[-25:])
             if tail:
