@@ -75,3 +75,19 @@ def test_the_train_summary_has_the_documented_keys(layout: dict[str, Any]) -> No
     cfg = TrainConfig(epochs=1, batch_size=16, progress=False, **layout)
     summary = Trainer(nn.Linear(4, 2), data, nn.CrossEntropyLoss(), cfg).fit()
     assert set(summary) <= set(table) | options, set(summary) - set(table) - options
+
+
+@pytest.mark.parametrize(
+    ("args", "page", "command"),
+    [
+        (["show", "ring", "--ranks", "4"], "collectives.md", "show"),
+        (["show", "1f1b", "--stages", "2", "--micro-batches", "2"], "pipeline.md", "show-pipeline"),
+    ],
+)
+def test_show_json_has_the_documented_keys(tmp_path: Path, args: list[str], page: str, command: str) -> None:
+    out = tmp_path / "show.json"
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    table = documented(page, command)
+    assert len(set(table)) == len(table)
+    assert sorted(keys(json.loads(out.read_text()))) == sorted(table)
