@@ -254,3 +254,16 @@ def test_each_model_carries_its_recipe_and_flags_override_it() -> None:
     assert (vit["recipe"], vit["lr"], vit["epochs"]) == ("vit", 1e-3, REGISTRY["vit"][1].epochs)
     assert REGISTRY["vit"][1] != REGISTRY["mlp"][1]  # the vit needs more than the mlp's defaults
     assert effective(TrainConfig(model="tests.restart_data:model"))["recipe"] == "default"
+
+
+def test_the_docs_recipe_table_is_the_registry() -> None:
+    from pathlib import Path
+
+    from ringtree.train.models import FACTORY_RECIPE, REGISTRY
+
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    table = text.split("<!-- recipes -->", 1)[1].strip().split("\n\n", 1)[0]
+    shown = {line.split("|")[1].strip(): line.split("|")[2:5] for line in table.splitlines()[2:]}
+    for name, (_, recipe) in [*REGISTRY.items(), ("a factory (`default`)", (None, FACTORY_RECIPE[1]))]:
+        lr, epochs, batch = (cell.strip() for cell in shown[name if "(" in name else f"`{name}`"])
+        assert (float(lr), int(epochs), int(batch)) == (recipe.lr, recipe.epochs, recipe.batch_size)
