@@ -7,6 +7,7 @@ and a file-based rendezvous (no ports to choose), for `--nproc N` and for the te
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -39,9 +40,23 @@ def default_backend(device: str = "cpu") -> str:
 
 def init_from_env(backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Join the world torchrun describes in the environment (env:// rendezvous)."""
+    whole_lines()
     if dist.is_initialized():
         return
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def whole_lines() -> None:
+    """Make every printed line one write to stdout and stderr.
+
+    torchrun starts its workers with `python -u`: print() then writes the text and the newline in
+    two calls, and the ranks of a node share their agent's stdout, so two ranks printing at the
+    same moment can interleave as "line A" "line B" "\n" "\n": a reader splitting on newlines
+    then sees one rank's line fewer (issue 24, item 4). Line buffering keeps each line whole.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.write_through:
+            stream.reconfigure(write_through=False, line_buffering=True)
 
 
 def run_under_torchrun(
