@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from json_tables import documented, keys
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
@@ -84,6 +85,8 @@ def test_two_node_bench_brings_rows_back_and_leaves_nothing(tmp_path: Path) -> N
     assert {r["algorithm"] for r in rows} == {"ring", "native"}
     assert all((r["nodes"], r["ranks_per_node"], r["wrong"]) == (2, 1, 0) for r in rows)
     record = json.loads(record_path.read_text())
+    table = documented("emulate.md", "emulate")
+    assert sorted(keys(record)) == sorted(table)  # docs/emulate.md's table, exactly
     (link,) = record["links"]
     assert link["configured_gbps"] == 1.0 and 0.3 < link["measured_gbps"] < 1.05  # tbf caps it
     assert leftovers() == ([], [])

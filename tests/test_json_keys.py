@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
+from json_tables import documented, keys
 from torch import nn
 from torch.utils.data import TensorDataset
 from typer.testing import CliRunner
@@ -16,25 +16,6 @@ from typer.testing import CliRunner
 from ringtree.cli.app import app
 from ringtree.train import TrainConfig, Trainer
 from ringtree.train.summary import METRIC_KEYS, PIPELINE_KEYS, THREAD_KEYS
-
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-
-
-def documented(page: str, command: str) -> list[str]:
-    """The keys in the table after `<!-- json-keys: COMMAND -->` in docs/PAGE."""
-    text = (DOCS / page).read_text()
-    table = text.split(f"<!-- json-keys: {command} -->", 1)[1].strip().split("\n\n", 1)[0]
-    return [m.group(1) for line in table.splitlines()[2:] if (m := re.match(r"\| `([^`]+)` \|", line))]
-
-
-def keys(data: dict[str, Any], prefix: str = "") -> list[str]:
-    """The object's keys, and those of its lists' items as `list[].key`."""
-    out = []
-    for k, v in data.items():
-        out.append(prefix + k)
-        if isinstance(v, list) and v and isinstance(v[0], dict):
-            out += keys(v[0], f"{prefix}{k}[].")
-    return out
 
 
 def test_bench_rows_have_the_documented_keys(tmp_path: Path) -> None:
