@@ -41,6 +41,7 @@ CASES: list[tuple[list[str], str]] = [
     (["doctor", "--json", "{file}/x.json"], "is a file, not a folder"),  # before the check runs
     (["emulate", "--json", "{file}/x.json", "--", "bench"], "is a file, not a folder"),
     (["show", "ring", "--json", "{file}/x.json"], "is a file, not a folder"),
+    (["train", "--checkpoint-dir", "{file}"], "is a file, not a folder"),  # not at the first save
 ]
 if not torch.cuda.is_available():
     CASES.append((["bench", "--device", "cuda"], "needs a CUDA GPU and this machine has none"))

@@ -232,6 +232,8 @@ def _check_values(cfg: TrainConfig) -> None:
             f"--checkpoint-segments must be >= 0 (0: about sqrt(blocks)), got {cfg.checkpoint_segments}"
         )
     check_distill(cfg.get("distill_temperature"), cfg.get("distill_alpha"))
+    if cfg.checkpoint_dir is not None:
+        _check_folder(Path(cfg.checkpoint_dir))
     if cfg.teacher is not None:
         teacher_file(cfg.teacher)  # raises, naming the path, when there is no checkpoint there
 
@@ -536,6 +538,19 @@ def capabilities_markdown() -> str:
         rows.append(f"| `{technique}` | " + " | ".join(cells) + " |")
     notes = [f"{i}. {m}" for i, m in enumerate(refusals, 1)]
     return "\n".join(rows) + "\n\nRefused before any process starts (exit code 2):\n\n" + "\n".join(notes)
+
+
+def _check_folder(folder: Path) -> None:
+    """--checkpoint-dir, checked before training rather than at the first save."""
+    import os
+
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(
+            f"--checkpoint-dir {folder}: {existing} is a file, not a folder; choose another path"
+        )
+    if existing is not None and not os.access(existing, os.W_OK):
+        raise ValueError(f"--checkpoint-dir {folder}: cannot write in {existing}; choose a writable folder")
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
