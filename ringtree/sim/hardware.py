@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ringtree import files
 from ringtree.topology import LinkLevel, Topology
 
 if TYPE_CHECKING:
@@ -116,6 +115,8 @@ def parse_link(spec: str, presets: dict[str, Link]) -> Link:
 
 def link_from_json(path: Path) -> Link:
     """A link from {"name", "alpha_s", "bandwidth_Bps"} in a JSON file."""
+    from ringtree import files  # (here, not at the top: keeps this hunk apart from the imports)
+
     data = files.read_json(path)
     try:
         return Link(str(data.get("name", path.stem)), float(data["alpha_s"]), float(data["bandwidth_Bps"]))
