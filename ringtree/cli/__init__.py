@@ -39,7 +39,7 @@ def _told(code: int) -> int:
     to RINGTREE_VERDICT_FILE and the worker leaves with 0, so that torchrun does not follow the
     command's last word with a ChildFailedError report; emulate exits with the code."""
     path = os.environ.get("RINGTREE_VERDICT_FILE")
-    if not code or not path:
+    if code not in (1, 2) or not path:  # 1: the command's finding, 2: bad input; others are failures
         return code
     with open(path, "a") as f:  # one short append per rank: whole lines, whatever the order
         f.write(f"{code}\n")
