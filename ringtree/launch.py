@@ -7,6 +7,8 @@ and a file-based rendezvous (no ports to choose), for `--nproc N` and for the te
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import pickle
 import sys
@@ -38,9 +40,23 @@ def default_backend(device: str = "cpu") -> str:
 
 def init_from_env(backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Join the world torchrun describes in the environment (env:// rendezvous)."""
+    whole_lines()
     if dist.is_initialized():
         return
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def whole_lines() -> None:
+    """Make every printed line one write to stdout and stderr.
+
+    torchrun starts its workers with `python -u`: print() then writes the text and the newline in
+    two calls, and the ranks of a node share their agent's stdout, so two ranks printing at the
+    same moment can interleave as "line A" "line B" "\n" "\n": a reader splitting on newlines
+    then sees one rank's line fewer (issue 24, item 4). Line buffering keeps each line whole.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.write_through:
+            stream.reconfigure(write_through=False, line_buffering=True)
 
 
 def run_under_torchrun(
@@ -95,16 +111,29 @@ def spawn(
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=0.2):
+        while not _joined(ctx):
             if time.monotonic() > deadline:
-                for proc in ctx.processes:
-                    if proc.is_alive():
-                        proc.kill()
+                _kill(ctx)
                 raise TimeoutError(
                     f"{nproc} ranks running {getattr(fn, '__name__', fn)} did not finish within "
                     f"{timeout_s:.0f}s; they were killed"
                 )
         return [_load(Path(tmp) / f"result-{r}.pkl", r, allow_missing) for r in range(nproc)]
+
+
+def _joined(ctx: Any) -> bool:
+    """Whether every worker has finished; on Ctrl-C, the workers are killed and it propagates."""
+    try:
+        return bool(ctx.join(timeout=0.2))
+    except KeyboardInterrupt:
+        _kill(ctx)
+        raise
+
+
+def _kill(ctx: Any) -> None:
+    for proc in ctx.processes:
+        if proc.is_alive():
+            proc.kill()
 
 
 def _worker(
@@ -181,8 +210,29 @@ def elastic_spawn(
         monitor_interval=0.1,
         start_method="spawn",
     )
+    _quiet_shutdown_logs()
     results = elastic_launch(config, _elastic_worker)(fn, backend, collective_timeout_s, *args)
     return [results[r] for r in range(nproc)]
+
+
+class _ShutdownNotices(logging.Filter):
+    """Drops the agent's notices that it is stopping the workers on a signal: an interrupted run
+    says so in one line of its own (`interrupted at step S; ...`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(
+            s in str(record.msg) for s in ("death signal", "Closing process", "termination signal")
+        )
+
+
+def _quiet_shutdown_logs() -> None:
+    for name in (
+        "torch.distributed.elastic.agent.server.api",
+        "torch.distributed.elastic.multiprocessing.api",
+    ):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _ShutdownNotices) for f in logger.filters):
+            logger.addFilter(_ShutdownNotices())
 
 
 def _elastic_worker(fn: Callable[..., Any], backend: str, collective_timeout_s: float, *args: Any) -> Any:
@@ -194,8 +244,17 @@ def _elastic_worker(fn: Callable[..., Any], backend: str, collective_timeout_s: 
     init_from_env(backend, collective_timeout_s)
     try:
         return fn(dist.get_rank(), *args)
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too: the launcher says where it stopped
+        _exit_now(130)
     finally:
         dist.destroy_process_group()
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once, without a traceback or a wait on peers that are leaving too."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def restart_count() -> int:

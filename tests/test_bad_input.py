@@ -30,10 +30,18 @@ CASES: list[tuple[list[str], str]] = [
     (["train", "--max-restarts", "1"], "pass --checkpoint-dir DIR"),
     (["train", "--keep-checkpoints", "3"], "needs --checkpoint-dir"),
     (["train", "--schedule", "gpipe"], "--pp"),
+    (["train", "--micro-batches", "4"], "--micro-batches needs --pp 2 or more"),  # flags, not fields
     (["train", "--distill-alpha", "0.3"], "--teacher"),
     (["train", "--json", "{tmp}"], "is a folder"),
     (["train", "--teacher", "{file}"], "cannot be read as a checkpoint"),
     (["train", "--resume", "--checkpoint-dir", "{tmp}"], "no usable checkpoint"),
+    (["train", "--config", "{bin}"], "--config {bin} is not a text file (byte 0xa8 at offset 0"),
+    (["plan", "--from-run", "{bin}"], "--from-run {bin} is not a text file"),
+    (["plan", "--nodes", "2", "--json", "{tmp}"], "is a folder; name a file inside it"),
+    (["doctor", "--json", "{file}/x.json"], "is a file, not a folder"),  # before the check runs
+    (["emulate", "--json", "{file}/x.json", "--", "bench"], "is a file, not a folder"),
+    (["show", "ring", "--json", "{file}/x.json"], "is a file, not a folder"),
+    (["train", "--checkpoint-dir", "{file}"], "is a file, not a folder"),  # not at the first save
 ]
 if not torch.cuda.is_available():
     CASES.append((["bench", "--device", "cuda"], "needs a CUDA GPU and this machine has none"))
@@ -57,12 +65,20 @@ def test_a_bad_transport_setting_exits_2(tmp_path: Path) -> None:
 
 def _exits_2(tmp_path: Path, args: list[str], fragment: str, env: dict[str, str] | None = None) -> None:
     (tmp_path / "file").write_text("x")
+    (tmp_path / "bin").write_bytes(b"\xa8\x00\xff\x01")  # not UTF-8: what a .pt or .png starts like
     (tmp_path / "last.pt").write_text("not a checkpoint")  # what --resume finds in {tmp}
     before = sorted(p.name for p in tmp_path.iterdir())
-    filled = [a.replace("{tmp}", str(tmp_path)).replace("{file}", str(tmp_path / "file")) for a in args]
+    names = {"{tmp}": tmp_path, "{file}": tmp_path / "file", "{bin}": tmp_path / "bin"}
+    filled, fragment = [_fill(a, names) for a in args], _fill(fragment, names)
     result = CliRunner().invoke(app, filled, env=env)
     message = _one_sentence(result.output)
     assert result.exit_code == 2, result.output
     assert fragment in message, message
     assert "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing left over
+
+
+def _fill(text: str, names: dict[str, Path]) -> str:
+    for key, path in names.items():
+        text = text.replace(key, str(path))
+    return text

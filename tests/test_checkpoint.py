@@ -85,3 +85,74 @@ def test_checkpoints_load_weights_only_and_name_the_file(tmp_path: Path) -> None
     message = str(caught.value)
     assert "last.pt cannot be read" in message
     assert "weights_only=False" not in message  # torch's advice would be unsafe to follow
+
+
+def _two_saves(folder: Path) -> Path:
+    for step in (10, 20):
+        checkpoint.save(folder, {"step": step, "w": torch.randn(100)})
+    return folder / "step-00000020.json"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_damaged_or_missing_record_skips_its_checkpoint_naming_the_record(
+    tmp_path: Path, damage: str
+) -> None:
+    record = _two_saves(tmp_path)
+    if damage == "truncate":
+        record.write_text(record.read_text()[:28])  # 'Unterminated string' from json
+    else:
+        record.unlink()
+    reports: list[str] = []
+    state = checkpoint.load(tmp_path, report=reports.append)
+    assert state is not None and state["step"] == 10  # the previous verified checkpoint
+    assert len(reports) == 1 and "step-00000020.json" in reports[0], reports
+    assert ("damaged" if damage == "truncate" else "missing") in reports[0]
+
+
+def test_an_unverifiable_checkpoint_that_loads_is_used_with_a_warning_when_none_verifies(
+    tmp_path: Path,
+) -> None:
+    record = _two_saves(tmp_path)
+    record.write_text("{")
+    (tmp_path / "step-00000010.pt").write_bytes(b"junk")
+    reports: list[str] = []
+    state = checkpoint.load(tmp_path, report=reports.append)
+    assert state is not None and state["step"] == 20
+    assert "unverified" in reports[-1] and "step-00000020.pt" in reports[-1], reports
+
+
+def test_last_pt_is_checked_against_the_record_of_the_step_it_links(tmp_path: Path) -> None:
+    _two_saves(tmp_path)
+    newest = tmp_path / "step-00000020.pt"
+    with newest.open("r+b") as f:  # in place: last.pt, a hard link to it, is damaged too
+        f.truncate(newest.stat().st_size // 2)
+    with pytest.raises(checkpoint.CheckpointError, match=r"last\.pt is truncated"):
+        checkpoint.read(tmp_path / "last.pt")
+
+
+def test_a_record_passed_as_a_checkpoint_is_named_a_record(tmp_path: Path) -> None:
+    record = _two_saves(tmp_path)
+    with pytest.raises(
+        checkpoint.CheckpointError, match=r"record, not a checkpoint; pass .*step-00000020\.pt"
+    ):
+        checkpoint.read(record)
+
+
+def test_a_teacher_folder_with_a_damaged_newest_uses_the_previous_one(tmp_path: Path) -> None:
+    from torch import nn
+
+    from ringtree.train.techniques.distill import load_teacher
+
+    def build(name: str) -> nn.Module:
+        return nn.Linear(2, 2)
+
+    nets = [nn.Linear(2, 2) for _ in range(2)]
+    for step, net in enumerate(nets, start=1):
+        checkpoint.save(tmp_path, {"step": step, "model_name": "lin", "model": net.state_dict()})
+    (tmp_path / "step-00000002.json").write_text("{")
+    reports: list[str] = []
+    for given in (tmp_path, tmp_path / "last.pt"):
+        teacher = load_teacher(given, build, report=reports.append)[0]
+        assert isinstance(teacher, nn.Linear)
+        assert torch.equal(teacher.weight, nets[0].weight)  # step 1's weights, not step 2's
+    assert len(reports) == 2 and all("step-00000002.json" in r for r in reports), reports

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from json_tables import documented, keys
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
@@ -84,6 +85,8 @@ def test_two_node_bench_brings_rows_back_and_leaves_nothing(tmp_path: Path) -> N
     assert {r["algorithm"] for r in rows} == {"ring", "native"}
     assert all((r["nodes"], r["ranks_per_node"], r["wrong"]) == (2, 1, 0) for r in rows)
     record = json.loads(record_path.read_text())
+    table = documented("emulate.md", "emulate")
+    assert sorted(keys(record)) == sorted(table)  # docs/emulate.md's table, exactly
     (link,) = record["links"]
     assert link["configured_gbps"] == 1.0 and 0.3 < link["measured_gbps"] < 1.05  # tbf caps it
     assert leftovers() == ([], [])
@@ -110,6 +113,8 @@ def test_doctor_names_the_node_behind_the_slow_link(tmp_path: Path) -> None:
         "doctor", "--size", "256K", "--iters", "2", "--json", str(out),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # exit 1: a suspect was found
+    assert "ChildFailedError" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.rstrip().splitlines()[-1].startswith("suspect: node 2"), done.stdout  # its last word
     report = json.loads(out.read_text())
     assert (report["nodes"], report["ranks_per_node"]) == (3, 1)
     assert [(s["node"], s["kind"]) for s in report["suspects"]] == [(2, "link")]
@@ -137,6 +142,7 @@ def test_ctrl_c_stops_the_job_and_removes_the_nodes() -> None:
     finally:
         job.kill()
     assert job.returncode == 130 and b"interrupted" in err, err[-2000:]
+    assert b"Traceback" not in err and b"SignalException" not in err, err[-2000:]  # one line, no torch
     assert leftovers() == ([], [])
 
 

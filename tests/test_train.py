@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from ringtree.cli.app import app
 from ringtree.launch import spawn
 from ringtree.train import RankResult, TrainConfig, Trainer
+from ringtree.train.config import ConfigError, effective
 from ringtree.train.data import digits
 from ringtree.train.models import ViT, build_model
 from ringtree.train.summary import METRIC_KEYS
@@ -44,19 +45,42 @@ def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
         ({"pp": 2, "schedule": "pipedream", "accumulate": 2}, "cannot apply"),
         ({"model": "nodots"}, "choose one of mlp, mlp-tiny, vit or pkg.mod:factory"),
         ({"compression": "int8"}, "unknown compression 'int8'"),
-        ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
-        ({"lr": -1.0}, "lr must be positive, got -1.0"),
-        ({"resume": True}, "resume needs a checkpoint directory"),
+        ({"batch_size": 0}, "--batch-size must be at least 1, got 0"),
+        ({"lr": -1.0}, "--lr must be positive, got -1.0"),
+        ({"resume": True}, "--resume needs a checkpoint directory"),
     ],
 )
 def test_config_errors_name_the_value(changes: dict[str, Any], words: str) -> None:
-    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError) as caught:
         TrainConfig(**changes)
+    assert words in caught.value.cli  # the command line reads its flags
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"micro_batches": 8}, "micro_batches needs pp=2 or more; drop it or add pp"),
+        ({"tp": 2}, "tp=2 shards the vit's transformer blocks; use model=vit or tp=1"),
+        ({"mode": "dp", "overlap": False}, "overlap: options of DDP's buckets, which mode=dp does not have"),
+        ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+        ({"timeout_s": -1.0}, "timeout_s must be positive"),
+        ({"teacher": "/no/such/dir"}, "train one first with `ringtree train --checkpoint-dir DIR`"),
+    ],
+)
+def test_config_errors_from_python_name_the_field(changes: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        TrainConfig(**changes)
+    assert words in str(caught.value)
+    flags = str(caught.value).split("`")[0::2]  # a quoted command may hold flags
+    assert not any("--" in part for part in flags), str(caught.value)
+
+
+def test_a_value_that_changes_nothing_is_accepted() -> None:
+    assert TrainConfig(micro_batches=1).micro_batches == 1  # one micro-batch, no pipeline: the same run
+    assert "micro_batches" not in effective(TrainConfig(micro_batches=1))
 
 
 def test_the_effective_configuration_leaves_out_what_had_no_effect() -> None:
-    from ringtree.train.config import effective
-
     plain = effective(TrainConfig())
     assert plain["bucket_mb"] == 25.0 and plain["overlap"] is True and plain["timeout_s"] == 60.0
     assert "schedule" not in plain and "distill_alpha" not in plain and "checkpoint_segments" not in plain
@@ -213,3 +237,33 @@ def test_help_fits_80_columns_with_every_option_name_whole() -> None:
     assert out.exit_code == 0 and max(len(line) for line in out.output.splitlines()) <= 80
     for f in fields(TrainConfig):
         assert flag(f.name) in out.output, flag(f.name)
+
+
+def test_each_model_carries_its_recipe_and_flags_override_it() -> None:
+    from ringtree.train.models import REGISTRY
+
+    for name, (_, recipe) in REGISTRY.items():
+        cfg = TrainConfig(model=name)
+        assert (cfg.get("lr"), cfg.get("epochs"), cfg.get("batch_size")) == (
+            recipe.lr,
+            recipe.epochs,
+            recipe.batch_size,
+        )
+        assert effective(cfg)["recipe"] == name
+    vit = effective(TrainConfig(model="vit", lr=1e-3))
+    assert (vit["recipe"], vit["lr"], vit["epochs"]) == ("vit", 1e-3, REGISTRY["vit"][1].epochs)
+    assert REGISTRY["vit"][1] != REGISTRY["mlp"][1]  # the vit needs more than the mlp's defaults
+    assert effective(TrainConfig(model="tests.restart_data:model"))["recipe"] == "default"
+
+
+def test_the_docs_recipe_table_is_the_registry() -> None:
+    from pathlib import Path
+
+    from ringtree.train.models import FACTORY_RECIPE, REGISTRY
+
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    table = text.split("<!-- recipes -->", 1)[1].strip().split("\n\n", 1)[0]
+    shown = {line.split("|")[1].strip(): line.split("|")[2:5] for line in table.splitlines()[2:]}
+    for name, (_, recipe) in [*REGISTRY.items(), ("a factory (`default`)", (None, FACTORY_RECIPE[1]))]:
+        lr, epochs, batch = (cell.strip() for cell in shown[name if "(" in name else f"`{name}`"])
+        assert (float(lr), int(epochs), int(batch)) == (recipe.lr, recipe.epochs, recipe.batch_size)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import check_output, print_environment, print_table, write_json
+from ringtree.cli.output import check_output, interrupted, print_environment, print_table, write_json
 from ringtree.units import format_size, parse_size
 
 if TYPE_CHECKING:  # torch loads only when the command runs, so other commands start fast
@@ -115,15 +115,18 @@ def _run(cfg: BenchConfig, nproc: int, local_size: int) -> tuple[list[dict[str, 
         return (rows if rank == 0 else None), env
     if nproc < 1:
         raise typer.BadParameter(f"--nproc must be at least 1, got {nproc}")
-    results = spawn(
-        _spawned,
-        nproc,
-        (cfg,),
-        backend=backend,
-        timeout_s=24 * 3600.0,
-        local_world_size=local_size or None,
-        collective_timeout_s=cfg.timeout_s,
-    )
+    try:
+        results = spawn(
+            _spawned,
+            nproc,
+            (cfg,),
+            backend=backend,
+            timeout_s=24 * 3600.0,
+            local_world_size=local_size or None,
+            collective_timeout_s=cfg.timeout_s,
+        )
+    except KeyboardInterrupt:
+        interrupted("bench")
     rows, env = results[0]
     return rows, env
 

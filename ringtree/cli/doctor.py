@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import console, print_table, write_json
+from ringtree.cli.output import check_output, console, interrupted, print_table, write_json
 from ringtree.units import parse_size
 
 if TYPE_CHECKING:  # torch loads only when the command runs
@@ -34,6 +34,7 @@ def doctor(
     """Measure bandwidth and latency between and within nodes, each rank's compute, and versions."""
     from ringtree.doctor import DoctorConfig
 
+    check_output(json_path, "--json")  # before the check runs, not after
     try:
         expect = 0.0
         if expect_bw:
@@ -63,14 +64,17 @@ def _run(cfg: DoctorConfig, nproc: int, local_size: int) -> dict[str, Any] | Non
         raise typer.BadParameter(
             f"--nproc {nproc} must be at least 1 and a multiple of --local-size {local_size}"
         )
-    reports = spawn(
-        _ranked,
-        nproc,
-        (cfg,),
-        timeout_s=600.0,
-        local_world_size=local_size or None,
-        collective_timeout_s=cfg.timeout_s,
-    )
+    try:
+        reports = spawn(
+            _ranked,
+            nproc,
+            (cfg,),
+            timeout_s=600.0,
+            local_world_size=local_size or None,
+            collective_timeout_s=cfg.timeout_s,
+        )
+    except KeyboardInterrupt:
+        interrupted("doctor")
     return reports[0]  # type: ignore[no-any-return]
 
 

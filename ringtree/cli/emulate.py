@@ -12,7 +12,7 @@ from types import FrameType
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import write_json
+from ringtree.cli.output import check_output, write_json
 
 # Options whose value is a file or folder: made absolute, so every node reads the same path.
 PATH_OPTIONS = ("--json", "--plot", "--trace", "--checkpoint-dir", "--calibration", "--teacher")
@@ -35,6 +35,7 @@ def emulate(
     """Run `ringtree SUBCOMMAND ARGS` (after `--`) on N emulated nodes joined by shaped links."""
     from ringtree import emulate as emu
 
+    check_output(json_path, "--json")  # before any namespace is made
     if not emu.has_net_admin() or shutil.which("ip") is None or shutil.which("tc") is None:
         typer.echo(
             "ringtree emulate needs root or CAP_NET_ADMIN and the iproute2 tools (ip, tc) to create "
@@ -68,7 +69,7 @@ def emulate(
         signal.signal(signal.SIGTERM, previous)
     if json_path is not None:
         write_json(json_path, result.record)
-    if result.code:
+    if result.code and not result.verdict:  # the command's own answer is its last word
         for i, log in enumerate(result.logs):
             tail = "\n".join(log.splitlines()[-25:])
             if tail:

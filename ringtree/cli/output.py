@@ -7,7 +7,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -33,6 +33,12 @@ def check_output(path: Path | None, option: str) -> None:
         raise typer.BadParameter(f"{option} {path}: {parent} is a file, not a folder; choose another path")
     if parent is not None and not os.access(parent, os.W_OK):
         raise typer.BadParameter(f"{option} {path}: cannot write in {parent}; choose a writable folder")
+
+
+def interrupted(command: str) -> NoReturn:
+    """Ctrl-C before a command wrote anything: one line and exit code 130 (128 + SIGINT)."""
+    typer.echo(f"\nringtree {command}: interrupted; nothing written", err=True)
+    raise typer.Exit(code=130)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from ringtree.cli.app import app
-from ringtree.cli.output import console, print_table, write_json
+from ringtree.cli.output import check_output, console, print_table, write_json
 
 _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 
@@ -191,6 +191,8 @@ def plan(
     from ringtree.sim.plan import MODELS, StepConfig
     from ringtree.sim.transformer import MODELS as TRANSFORMERS
 
+    check_output(json_path, "--json")
+    check_output(plot, "--plot")
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(
         x is not None for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp)
@@ -488,12 +490,11 @@ def _explain(result: dict[str, Any], config: Any, cluster: Any, calibration: Pat
 
 def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path | None) -> None:
     """A finished one-node run's measured compute time, scaled to --nodes x --gpus-per-node."""
-    import json
-
+    from ringtree import files
     from ringtree.sim.plan import StepConfig, predict_step, with_run_wait
 
     try:
-        summary = json.loads(path.read_text())
+        summary = files.read_json(path, "--from-run")
         if not isinstance(summary, dict):
             raise ValueError(f"{path} is not a `ringtree train --json` summary (expected one JSON object)")
         config = StepConfig.from_summary(summary)

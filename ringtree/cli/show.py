@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from ringtree.cli.app import app
-from ringtree.cli.output import console, write_json
+from ringtree.cli.output import check_output, console, write_json
 
 FULL_RANKS = 8  # up to this many ranks every rank gets a column; beyond, ranks 0, 1 and p-1
 FULL_STEPS = 32  # up to this many steps every step gets a row; beyond, the first and last 12
@@ -50,6 +50,8 @@ def show(
     """Show a schedule step by step: per rank what it sends, receives and holds; trees; pipeline timelines."""
     from ringtree.show.pipeline import PIPELINES
 
+    for path, option in ((json_path, "--json"), (png, "--png"), (animate, "--animate")):
+        check_output(path, option)
     try:
         _check_outputs(png, animate)
         if algorithm in PIPELINES:

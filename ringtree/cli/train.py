@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from typer.core import TyperCommand
@@ -95,7 +96,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
         _check_restarts(cfg)
         preflight(cfg)
     except (ValueError, TypeError) as e:
-        raise typer.BadParameter(str(e)) from None
+        raise typer.BadParameter(getattr(e, "cli", str(e))) from None  # the flags' words
     return cfg
 
 
@@ -124,15 +125,33 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
             _train_and_gather, (cfg, tracing), backend=backend, timeout_s=cfg.get("timeout_s")
         )
         return gathered
-    results: list[RankResult] = elastic_spawn(
-        _train_rank,
-        nproc,
-        (cfg, tracing),
-        max_restarts=cfg.max_restarts,
-        backend=backend,
-        collective_timeout_s=cfg.get("timeout_s"),
-    )
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from ringtree.train.interrupt import shared_step
+
+    with shared_step() as board:
+        try:
+            results: list[RankResult] = elastic_spawn(
+                _train_rank,
+                nproc,
+                (cfg, tracing),
+                max_restarts=cfg.max_restarts,
+                backend=backend,
+                collective_timeout_s=cfg.get("timeout_s"),
+            )
+        except (KeyboardInterrupt, SignalException) as e:  # Ctrl-C, or the launcher was killed
+            _interrupted(board.read(), cfg, int(getattr(e, "sigval", signal.SIGINT)))
     return results
+
+
+def _interrupted(step: int, cfg: TrainConfig, signum: int) -> NoReturn:
+    """One line, where the run stopped and what --resume would continue from; exit 128 + signal."""
+    from ringtree.train import checkpoint
+
+    found = checkpoint.newest_file(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    last = found if found is not None else "none" if cfg.checkpoint_dir else "none (no --checkpoint-dir)"
+    typer.echo(f"\ninterrupted at step {step}; last checkpoint: {last}", err=True)
+    raise typer.Exit(code=128 + signum)
 
 
 def _train_rank(rank: int, cfg: TrainConfig, tracing: bool) -> RankResult:

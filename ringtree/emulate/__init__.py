@@ -28,6 +28,7 @@ class Emulated:
     code: int
     record: dict[str, Any]
     logs: list[str]
+    verdict: bool = False  # the code is the command's answer (doctor: suspects found), not a failure
 
 
 def run(
@@ -45,9 +46,9 @@ def run(
         record["links"] = measure_links(net, spec, timeout_s) if measure and spec.nodes > 1 else []
         record["command"] = ["ringtree", *argv]
         print_header(record, out)
-        code, logs = run_agents(net, spec, ["-m", "ringtree", *argv], timeout_s=timeout_s, stdout=out)
+        code, logs, said = run_agents(net, spec, ["-m", "ringtree", *argv], timeout_s=timeout_s, stdout=out)
     record["exit_code"] = code
-    return Emulated(code, record, logs)
+    return Emulated(code, record, logs, said)
 
 
 def measure_links(net: Network, spec: ClusterSpec, timeout_s: float) -> list[dict[str, Any]]:
@@ -57,7 +58,7 @@ def measure_links(net: Network, spec: ClusterSpec, timeout_s: float) -> list[dic
         path = Path(tmp) / "links.json"
         rates = ",".join(str(r) for r in spec.rates())
         target = ["-m", "ringtree.emulate.probe", str(path), rates]
-        code, logs = run_agents(net, probe_spec, target, timeout_s=min(timeout_s, 300.0))
+        code, logs, _ = run_agents(net, probe_spec, target, timeout_s=min(timeout_s, 300.0))
         if code or not path.exists():
             raise RuntimeError(f"measuring the emulated links failed (exit {code}):\n{logs[0][-2000:]}")
         rows: list[dict[str, Any]] = json.loads(path.read_text())

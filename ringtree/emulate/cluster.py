@@ -23,6 +23,7 @@ from typing import IO, Any
 from ringtree.emulate import network
 from ringtree.emulate.network import IFNAME, Network
 
+VERDICT_ENV = "RINGTREE_VERDICT_FILE"
 RDZV_PORT = 29400  # free by construction: the node-0 namespace is new
 THREADS_PER_RANK = 1
 CPU_POLICY = (
@@ -104,15 +105,17 @@ def run_agents(
     *,
     timeout_s: float,
     stdout: IO[str] | None = None,
-) -> tuple[int, list[str]]:
+) -> tuple[int, list[str], bool]:
     """Run one agent per node until all exit; node 0's goes to stdout and stderr (None: captured).
 
-    Returns the job's exit code (the first non-zero one) and every node's captured output. An
-    agent that fails gets the others killed after a short grace, so that nothing waits on a
-    peer that is gone; Ctrl-C and the timeout kill them all.
+    Returns the job's exit code (the first non-zero one), every node's captured output, and
+    whether the code is the command's verdict (doctor's "suspects found": see `verdict`) rather
+    than a failure. An agent that fails gets the others killed after a short grace, so that
+    nothing waits on a peer that is gone; Ctrl-C and the timeout kill them all.
     """
     with tempfile.TemporaryDirectory(prefix="ringtree-emulate-") as tmp:
         logs = [open(Path(tmp) / f"node{i}.log", "w+") for i in range(spec.nodes)]  # noqa: SIM115
+        verdicts = Path(tmp) / "verdicts"
         procs: list[subprocess.Popen[str]] = []
         try:
             for i in range(spec.nodes):
@@ -120,7 +123,7 @@ def run_agents(
                 procs.append(
                     subprocess.Popen(
                         agent_command(net, spec, i, target),
-                        env=agent_env(),
+                        env=agent_env() | {VERDICT_ENV: str(verdicts)},
                         stdout=stdout if shown else logs[i],
                         stderr=None if shown else subprocess.STDOUT,
                         text=True,
@@ -128,6 +131,7 @@ def run_agents(
                     )
                 )
             code = _wait(procs, timeout_s)
+            said = verdict(verdicts) if code == 0 else 0
         finally:
             for proc in procs:
                 _stop(proc)
@@ -136,7 +140,20 @@ def run_agents(
                 log.seek(0)
                 texts.append(log.read())
                 log.close()
-    return code, texts
+    return code or said, texts, bool(said)
+
+
+def verdict(path: Path) -> int:
+    """The largest exit code the job's ranks gave as their answer (0 when none did).
+
+    A command that ends with a non-zero code on purpose (doctor: suspects found; bench: wrong
+    elements) writes it to $RINGTREE_VERDICT_FILE and leaves with 0 under an emulated torchrun,
+    whose agent would otherwise report a failed worker with a ChildFailedError traceback after
+    the command's own last word (see ringtree.cli.main).
+    """
+    if not path.exists():
+        return 0
+    return max((int(w) for w in path.read_text().split()), default=0)
 
 
 def _wait(procs: list[subprocess.Popen[str]], timeout_s: float) -> int:
@@ -159,7 +176,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     """Stop an agent we started and its workers (its process group), if it still runs."""
     if proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    # SIGKILL straight away, to the agent and its workers alike: a torchrun agent sent SIGTERM
+    # prints a SignalException traceback, which on node 0 would reach the user's terminal
+    for sig, wait in ((signal.SIGKILL, 5.0),):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

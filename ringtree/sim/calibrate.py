@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ringtree import files
 from ringtree.sim import nccl_tests
 from ringtree.sim.closed_form import check_algorithm, estimate
 from ringtree.sim.hardware import Cluster, Link
@@ -288,12 +288,7 @@ def nonnegative_lstsq(a: Matrix, b: Matrix, fix_last: bool = False) -> Matrix:
 
 def read_json(path: Path) -> Any:
     """A JSON file, or a ValueError naming the file and where it stops being JSON."""
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    return files.read_json(path)
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:

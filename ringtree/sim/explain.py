@@ -10,11 +10,11 @@ the plan adds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from ringtree import files
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.measured import allreduce_seconds
 from ringtree.sim.plan import StepConfig, bottleneck, predict_step, speedup_vs_one_node
@@ -80,7 +80,7 @@ def calibration_error(path: Path | None) -> float | None:
     else its `rms_rel_error`. None without a file or any of those keys."""
     if path is None:
         return None
-    data = json.loads(path.read_text())
+    data = files.read_json(path)
     residuals = data.get("residuals")
     if isinstance(residuals, list) and residuals:
         values = [float(r["rel_error"] if isinstance(r, dict) else r) for r in residuals]

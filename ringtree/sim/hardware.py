@@ -10,7 +10,6 @@ non-blocking switch, and device j uses NIC j mod nics_per_node (a "rail"). Reduc
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +127,9 @@ def parse_link(spec: str, presets: dict[str, Link]) -> Link:
 
 def link_from_json(path: Path) -> Link:
     """A link from {"name", "alpha_s", "bandwidth_Bps"} in a JSON file."""
-    data = json.loads(path.read_text())
+    from ringtree import files  # (here, not at the top: keeps this hunk apart from the imports)
+
+    data = files.read_json(path)
     try:
         return Link(str(data.get("name", path.stem)), float(data["alpha_s"]), float(data["bandwidth_Bps"]))
     except KeyError as e:

@@ -26,10 +26,15 @@ import torch
 LATEST = "last.pt"
 KEEP = 2  # the newest and one before it: a truncated newest still leaves a resumable run
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+_STEP_RECORD = re.compile(r"^step-(\d+)\.json$")
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be used, named with the reason."""
+
+
+class RecordError(CheckpointError):
+    """A checkpoint whose size and SHA-256 record is missing or damaged: it cannot be verified."""
 
 
 def save(directory: str | Path, state: dict[str, Any], keep: int = KEEP) -> Path:
@@ -54,20 +59,38 @@ def save(directory: str | Path, state: dict[str, Any], keep: int = KEEP) -> Path
 def load(directory: str | Path, report: Callable[[str], None] | None = None) -> dict[str, Any] | None:
     """The newest usable checkpoint's state, or None when the folder has no checkpoint at all.
 
-    A newest checkpoint that is truncated or unreadable is reported through `report` and the one
-    before it is used; when checkpoints exist but none is usable, CheckpointError lists them all.
+    A newest checkpoint that is truncated or unreadable, or whose record (step-N.json) is damaged
+    or missing, is reported through `report` and the one before it is used. Only when no checkpoint
+    verifies is one without a usable record taken, if it loads, with a warning; when checkpoints
+    exist but none is usable, CheckpointError lists them all.
     """
-    candidates = _candidates(Path(directory))
-    problems = []
-    for path in candidates:
+    found = newest(directory, report)
+    return None if found is None else found[1]
+
+
+def newest(
+    directory: str | Path, report: Callable[[str], None] | None = None
+) -> tuple[Path, dict[str, Any]] | None:
+    """(file, state) of the newest usable checkpoint in `directory`, as `load` chooses it."""
+    problems: list[str] = []
+    unrecorded: list[Path] = []  # loadable perhaps, but with no record to verify them against
+    for path in _candidates(Path(directory)):
         try:
-            state = read(path)
+            return path, read(path)
+        except RecordError as e:
+            unrecorded.append(path)
+            _skip(problems, report, str(e))
+        except CheckpointError as e:
+            _skip(problems, report, str(e))
+    for path in unrecorded:
+        try:
+            state = read(path, verify=False)
         except CheckpointError as e:
             problems.append(str(e))
-            if report is not None:
-                report(f"ringtree: skipping checkpoint {e}")
             continue
-        return state
+        if report is not None:
+            report(f"ringtree: warning: no checkpoint verifies; using {path}, which loads but is unverified")
+        return path, state
     if problems:
         raise CheckpointError(
             f"no usable checkpoint in {directory}: {'; '.join(problems)}; delete the folder's "
@@ -76,13 +99,38 @@ def load(directory: str | Path, report: Callable[[str], None] | None = None) -> 
     return None
 
 
-def read(path: str | Path) -> dict[str, Any]:
-    """One checkpoint file's state, checked against its size and checksum record when it has one."""
+def newest_file(directory: str | Path) -> Path | None:
+    """The newest step file in `directory` (not read: each was verified when it was saved), or None."""
+    folder = Path(directory)
+    return next(iter(_steps(folder)), None) if folder.is_dir() else None
+
+
+def _skip(problems: list[str], report: Callable[[str], None] | None, why: str) -> None:
+    problems.append(why)
+    if report is not None:
+        report(f"ringtree: skipping checkpoint {why}")
+
+
+def read(path: str | Path, verify: bool = True) -> dict[str, Any]:
+    """One checkpoint file's state, checked against its size and checksum record when it has one.
+
+    A step file whose record is damaged or missing raises RecordError (unless verify=False);
+    last.pt is checked against the record of the step it is a link to.
+    """
     path = Path(path)
-    record = _record(path)
-    if record.exists():
-        expected = json.loads(record.read_text())
-        _verify(path, int(expected["bytes"]), str(expected["sha256"]))
+    if _STEP_RECORD.match(path.name):
+        raise CheckpointError(
+            f"{path} is a checkpoint's size and SHA-256 record, not a checkpoint; "
+            f"pass {path.with_suffix('.pt')} or its folder"
+        )
+    record = _record_of(path)
+    if verify and record is not None:
+        size, digest = _read_record(path, record)
+        _verify(path, size, digest)
+    return _torch_load(path)
+
+
+def _torch_load(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many kinds for a damaged or foreign file
@@ -95,6 +143,31 @@ def read(path: str | Path) -> dict[str, Any]:
             f"{path} is not a ringtree checkpoint (no 'step'); delete it or pick another folder"
         )
     return state
+
+
+def _record_of(path: Path) -> Path | None:
+    """The record that vouches for `path`: step-N.json for step-N.pt; for last.pt, the record of
+    the step file it is a link to (None when it is a copy or from an older ringtree)."""
+    if _STEP_FILE.match(path.name):
+        return _record(path)
+    if path.name != LATEST or not path.exists():
+        return None
+    for step in _steps(path.parent):
+        if os.path.samefile(step, path):
+            return _record(step)
+    return None
+
+
+def _read_record(path: Path, record: Path) -> tuple[int, str]:
+    """(bytes, sha256) from `record`; RecordError naming it and why when it is missing or damaged."""
+    try:
+        fields = json.loads(record.read_text())
+        return int(fields["bytes"]), str(fields["sha256"])
+    except FileNotFoundError:
+        why = "is missing"
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        why = f"is damaged ({type(e).__name__}: {str(e)[:120]})"
+    raise RecordError(f"{path}: its record {record} {why}, so it cannot be verified")
 
 
 def _candidates(folder: Path) -> list[Path]:

@@ -11,7 +11,10 @@ default to None: `validate` refuses them when they were given but would have no 
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ COMPRESSIONS = ("fp16", "bf16")
 BALANCES = ("params", "time")
 MASTER_ALGORITHMS = ("native", "ring", "tree", "ps")  # what --mode dp's reduce and broadcast run
 
+RECIPE_FIELDS = ("lr", "epochs", "batch_size")  # None: from the model's recipe (train.models.REGISTRY)
+
 # The real defaults of the options that default to None (they apply only in some setups).
 DEFAULTS: dict[str, Any] = {
     "bucket_mb": 25.0,  # torch DDP's default fusion-bucket cap
@@ -43,6 +48,60 @@ DEFAULTS: dict[str, Any] = {
     "keep_checkpoints": 2,  # the newest and one before it: a truncated newest still resumes
     "threads": 2,  # CPU copies without GPUs: enough to show device 0's extra load
 }
+
+
+class ConfigError(ValueError):
+    """A refused configuration. Written once, with the command line's flags (`--pp 2`): `str()` gives
+    the library's words (`pp=2`), the ones a TrainConfig caller typed; `.cli` the flags."""
+
+    def __init__(self, cli: str) -> None:
+        super().__init__(cli)
+        self.cli = cli
+
+    def __str__(self) -> str:
+        return _library_words(self.cli)
+
+
+_FLAG = re.compile(r"--(no-)?([a-z][a-z-]*)( (?:\d[\d.e-]*|[A-Z]+\b|'[^']*'|[a-z0-9_-]+))?")
+
+
+def _library_words(cli: str) -> str:
+    """`--micro-batches 4 needs --pp 2` -> `micro_batches=4 needs pp=2`: each TrainConfig flag
+    becomes its field (with `=value` when a value follows it); other flags (--nproc) stay."""
+    names = {flag(f.name): f.name for f in fields(TrainConfig)}
+    values = {*MODELS, *MODES, *SCHEDULES, *DEVICES, *COMPRESSIONS, *BALANCES, *MASTER_ALGORITHMS}
+    values |= {"off", "bf16", "fp16", "double_tree", "halving_doubling", "hierarchical"}
+
+    def rename(m: re.Match[str]) -> str:
+        name = names.get(f"--{m.group(2)}")
+        if name is None:
+            return m.group(0)
+        if m.group(1):
+            return f"{name}=False"
+        value = (m.group(3) or "").strip()
+        is_value = bool(value) and (
+            value[0].isdigit() or value.isupper() or value[0] == "'" or value in values
+        )
+        return f"{name}={value}" if is_value else f"{name}{m.group(3) or ''}"
+
+    parts = re.sub(r"--([a-z-]+)/--no-\1\b", r"--\1", cli).split("`")
+    # a quoted command (`ringtree train --checkpoint-dir DIR`) keeps its flags
+    return "`".join(part if i % 2 else _FLAG.sub(rename, part) for i, part in enumerate(parts))
+
+
+def _speaks_library(check: Callable[..., None]) -> Callable[..., None]:
+    """Turn a check's ValueError into a ConfigError: a library caller reads field names, the CLI flags."""
+
+    @functools.wraps(check)
+    def wrapped(*args: Any, **kwargs: Any) -> None:
+        try:
+            check(*args, **kwargs)
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    return wrapped
 
 
 def _opt(default: Any, help: str, flag: str | None = None) -> Any:
@@ -69,9 +128,9 @@ class TrainConfig:
     bucket_mb: float | None = _opt(None, "DDP fusion bucket cap in MB [25].")
     compression: str | None = _opt(None, "fp16 or bf16: DDP buckets travel in half precision.")
     overlap: bool | None = _opt(None, "Launch DDP buckets during backward (--no-overlap: after) [on].")
-    batch_size: int = _opt(32, "Samples per DP rank and micro-batch.")
-    epochs: int = _opt(20, "Passes over the training split.")
-    lr: float = _opt(3e-3, "AdamW learning rate.")
+    batch_size: int | None = _opt(None, "Samples per DP rank and micro-batch [the model's recipe].")
+    epochs: int | None = _opt(None, "Passes over the training split [the model's recipe].")
+    lr: float | None = _opt(None, "AdamW learning rate [the model's recipe].")
     weight_decay: float = _opt(1e-4, "AdamW weight decay.")
     seed: int = _opt(0, "Model init and shuffling seed.")
     accumulate: int = _opt(1, "Batches (pipeline runs under --pp) per optimizer step.")
@@ -107,9 +166,20 @@ class TrainConfig:
             from ringtree import comm
 
             return comm.DEFAULT_TIMEOUT_S  # one default for every collective in ringtree
+        if value is None and name in RECIPE_FIELDS:
+            from ringtree.train.models import recipe
+
+            return getattr(recipe(self.model)[1], name)
         return DEFAULTS.get(name) if value is None else value
 
+    def recipe(self) -> str:
+        """The name of the recipe the run's unset --lr, --epochs and --batch-size come from."""
+        from ringtree.train.models import recipe
 
+        return recipe(self.model)[0]
+
+
+@_speaks_library
 def validate(cfg: TrainConfig, world_size: int | None = None) -> None:
     """Raise ValueError, in one sentence naming the option and the fix, for a setup that cannot run.
 
@@ -143,25 +213,27 @@ def _check_values(cfg: TrainConfig) -> None:
         _choice("pp_balance", cfg.pp_balance, BALANCES)
     for name in ("max_restarts", "straggler_every"):
         if getattr(cfg, name) < 0:
-            raise ValueError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
+            raise ValueError(f"{flag(name)} must be 0 or more, got {getattr(cfg, name)}")
     if cfg.keep_checkpoints is not None and cfg.keep_checkpoints < 1:
-        raise ValueError(f"keep_checkpoints must be at least 1, got {cfg.keep_checkpoints}")
+        raise ValueError(f"--keep-checkpoints must be at least 1, got {cfg.keep_checkpoints}")
     for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
     if cfg.micro_batches is not None and cfg.micro_batches < 1:
-        raise ValueError(f"micro_batches must be at least 1, got {cfg.micro_batches}")
+        raise ValueError(f"--micro-batches must be at least 1, got {cfg.micro_batches}")
     for name in ("lr", "bucket_mb", "timeout_s"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
-            raise ValueError(f"{name} must be positive, got {value}")
+            raise ValueError(f"{flag(name)} must be positive, got {value}")
     if cfg.checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be >= 0 (0: every epoch), got {cfg.checkpoint_every}")
+        raise ValueError(f"--checkpoint-every must be >= 0 (0: every epoch), got {cfg.checkpoint_every}")
     if cfg.checkpoint_segments < 0:
         raise ValueError(
-            f"checkpoint_segments must be >= 0 (0: about sqrt(blocks)), got {cfg.checkpoint_segments}"
+            f"--checkpoint-segments must be >= 0 (0: about sqrt(blocks)), got {cfg.checkpoint_segments}"
         )
     check_distill(cfg.get("distill_temperature"), cfg.get("distill_alpha"))
+    if cfg.checkpoint_dir is not None:
+        _check_folder(Path(cfg.checkpoint_dir))
     if cfg.teacher is not None:
         teacher_file(cfg.teacher)  # raises, naming the path, when there is no checkpoint there
 
@@ -179,15 +251,16 @@ _NEEDS = (
 def _check_combinations(cfg: TrainConfig) -> None:
     present = {"pp": cfg.pp > 1, "teacher": cfg.teacher is not None}
     for name, needs, message in _NEEDS:
-        if getattr(cfg, name) is not None and not present[needs]:
+        neutral = name == "micro_batches" and cfg.micro_batches == 1  # one micro-batch: no pipeline
+        if getattr(cfg, name) is not None and not present[needs] and not neutral:
             raise ValueError(message)
     if cfg.checkpoint_segments and not cfg.checkpoint_activations:
         raise ValueError(
-            f"checkpoint_segments={cfg.checkpoint_segments} does nothing without checkpointing; "
+            f"--checkpoint-segments {cfg.checkpoint_segments} does nothing without checkpointing; "
             "add --checkpoint-activations"
         )
     if cfg.resume and not cfg.checkpoint_dir:
-        raise ValueError("resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
+        raise ValueError("--resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
     if cfg.keep_checkpoints is not None and not cfg.checkpoint_dir:
         raise ValueError(
             "--keep-checkpoints needs --checkpoint-dir DIR (there is nothing to keep without it)"
@@ -306,6 +379,7 @@ def _check_device(cfg: TrainConfig) -> None:
         )
 
 
+@_speaks_library
 def check_world(cfg: TrainConfig, world_size: int) -> None:
     """Raise ValueError when tp x pp does not divide the world (or tp exceeds a node under torchrun)."""
     if world_size < 1:
@@ -335,6 +409,7 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     """The configuration that took effect: None defaults resolved, options without effect left out."""
     out = {f.name: cfg.get(f.name) for f in fields(cfg)}
     out["device"] = device_type(cfg)
+    out = {k: v for key, value in out.items() for k, v in _with_recipe(key, value, cfg)}
     dropped: set[str] = set()
     if cfg.mode == "dp":
         dropped |= {"bucket_mb", "compression", "overlap"}
@@ -355,15 +430,17 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in out.items() if k not in dropped}
 
 
+def _with_recipe(key: str, value: Any, cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """The item, and after `model` the recipe its unset --lr/--epochs/--batch-size came from."""
+    return [(key, value), ("recipe", cfg.recipe())] if key == "model" else [(key, value)]
+
+
 def load_file(path: str | Path) -> dict[str, Any]:
     """The options in a YAML or JSON file (keys: field names, dashes or underscores); ValueError if bad."""
+    from ringtree import files
+
     file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as e:
-        raise ValueError(
-            f"cannot read --config {file}: {e.strerror}; pass an existing YAML or JSON file"
-        ) from None
+    text = files.read_text(file, "--config")
     try:
         if file.suffix in (".yaml", ".yml"):
             import yaml
@@ -398,6 +475,7 @@ def options_markdown() -> str:
     rows = ["| option | default | meaning |", "|---|---|---|"]
     for f in fields(TrainConfig):
         default = DEFAULTS.get(f.name, f.default) if f.name != "timeout_s" else TrainConfig().get(f.name)
+        default = "recipe" if f.name in RECIPE_FIELDS else default
         shown = "none" if default is None else str(default).lower() if isinstance(default, bool) else default
         text = str(f.metadata["help"]).split(" [")[0].rstrip(".") + "."  # the default has its column
         rows.append(f"| `{flag(f.name)}` | {shown} | {text} |")
@@ -460,6 +538,19 @@ def capabilities_markdown() -> str:
         rows.append(f"| `{technique}` | " + " | ".join(cells) + " |")
     notes = [f"{i}. {m}" for i, m in enumerate(refusals, 1)]
     return "\n".join(rows) + "\n\nRefused before any process starts (exit code 2):\n\n" + "\n".join(notes)
+
+
+def _check_folder(folder: Path) -> None:
+    """--checkpoint-dir, checked before training rather than at the first save."""
+    import os
+
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(
+            f"--checkpoint-dir {folder}: {existing} is a file, not a folder; choose another path"
+        )
+    if existing is not None and not os.access(existing, os.W_OK):
+        raise ValueError(f"--checkpoint-dir {folder}: cannot write in {existing}; choose a writable folder")
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -36,7 +35,7 @@ from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
 from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
-from ringtree.train import checkpoint, tensor_parallel
+from ringtree.train import checkpoint, interrupt, tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
@@ -135,7 +134,7 @@ def preflight(cfg: TrainConfig) -> None:
     make_loss(cfg.loss)
     _check_model(make_model(cfg.model), cfg)
     if cfg.teacher is not None:
-        load_teacher(cfg.teacher, make_model)  # a missing or damaged file is named here, once
+        load_teacher(cfg.teacher, make_model, report=print)  # a damaged file is named here, once
     if cfg.resume and cfg.checkpoint_dir is not None:
         checkpoint.load(cfg.checkpoint_dir)  # no usable checkpoint: said here, not by every worker
 
@@ -164,7 +163,7 @@ def _join_world(cfg: TrainConfig) -> bool:
     if under_torchrun():
         init_from_env(backend, cfg.get("timeout_s"))
         return True
-    store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="ringtree-"), "store"), 1)  # type: ignore[attr-defined]
+    store = dist.HashStore()  # type: ignore[attr-defined]  # in memory: a world of one leaves no file
     dist.init_process_group(
         backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=cfg.get("timeout_s"))
     )
@@ -228,7 +227,9 @@ class _Run:
         self.pipe: _Pipeline | None = None
         self.threaded: ThreadedDataParallel | None = None
         self.segments = self._build_pipeline() if cfg.pp > 1 else self._build_replica()
-        self.optimizer = torch.optim.AdamW(self.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.net.parameters(), lr=cfg.get("lr"), weight_decay=cfg.weight_decay
+        )
         self.step = 0
         self.stragglers = (
             StragglerMonitor(device=self.device, every=cfg.straggler_every) if cfg.straggler_every else None
@@ -270,7 +271,7 @@ class _Run:
 
     def _build_pipeline(self) -> int:
         cfg, mesh = self.cfg, self.mesh
-        sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.batch_size)))[0].to(self.device)
+        sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.get("batch_size"))))[0].to(self.device)
         stages = cut(model_layers(self.net), cfg.pp, cfg.get("pp_balance"), sample)
         body, segments = checkpointed(
             stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
@@ -289,7 +290,7 @@ class _Run:
     def _loader(self) -> tuple[Iterable[Batch], Any]:
         """This DP rank's batches (every rank of a TP group and of a pipeline reads the same)."""
         cfg, data, mesh = self.cfg, self.t.train_set, self.mesh
-        per = cfg.batch_size
+        per: int = cfg.get("batch_size")
         if cfg.pp > 1 and cfg.get("schedule") in SYNCHRONOUS:
             per *= cfg.get("micro_batches")  # one run: micro_batches micro-batches of batch_size
         pin = self.device.type == "cuda" and not cfg.prefetch
@@ -315,11 +316,14 @@ class _Run:
         loader, epochs = self._loader()
         sized = not isinstance(self.t.train_set, IterableDataset)
         per_epoch = self._steps_per_epoch(loader) if sized else None
-        total = None if per_epoch is None else cfg.epochs * per_epoch
+        total = None if per_epoch is None else cfg.get("epochs") * per_epoch
         description = f"{self.t.names['model']}, dp {self.mesh.dp} x tp {cfg.tp} x pp {cfg.pp}"
         first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
+        board = interrupt.publisher() if self.rank == 0 else None  # where Ctrl-C finds the step
+        if board is not None:
+            board.write(self.step)  # the step resumed from
         with ProgressBar(self.rank == 0 and cfg.progress, total or 0, description) as bar:
-            for epoch in range(first_epoch, cfg.epochs):
+            for epoch in range(first_epoch, cfg.get("epochs")):
                 epochs.set_epoch(epoch)
                 self.epoch_sums = [None, 0]
                 done = epoch * per_epoch if per_epoch is not None else 0
@@ -331,6 +335,8 @@ class _Run:
                     before = self.step
                     self._train_unit(unit)
                     done = self.step
+                    if board is not None:
+                        board.write(self.step)
                     if cfg.progress and self.step // cfg.log_every > before // cfg.log_every:
                         bar.update(self.step, self._read_last(), self.meter.rate())
                     every = cfg.checkpoint_every

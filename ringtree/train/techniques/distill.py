@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,13 +41,16 @@ def check_distill(temperature: float, alpha: float) -> None:
         raise ValueError(f"distill alpha must be between 0 and 1 (the soft loss's weight), got {alpha}")
 
 
-def load_teacher(path: str | Path, build: Callable[[str], nn.Module]) -> tuple[nn.Module, str]:
+def load_teacher(
+    path: str | Path, build: Callable[[str], nn.Module], report: Callable[[str], None] | None = None
+) -> tuple[nn.Module, str]:
     """The model a `ringtree train --checkpoint-dir` run saved (the file or its folder), in eval mode.
 
-    build(name) makes an empty model of the checkpoint's recorded kind; returns (model, name).
+    A folder (or its last.pt) gives its newest verified checkpoint, a damaged one skipped and
+    reported through `report`. build(name) makes an empty model of the checkpoint's recorded kind;
+    returns (model, name).
     """
-    file = teacher_file(path)
-    state = checkpoint.read(file)  # weights_only: no code runs; a damaged file is named, with why
+    file, state = _teacher_state(teacher_file(path), report)
     name = state.get("model_name") if isinstance(state, dict) else None
     if not isinstance(name, str) or "model" not in state:
         raise ValueError(
@@ -61,6 +65,15 @@ def load_teacher(path: str | Path, build: Callable[[str], nn.Module]) -> tuple[n
     teacher.eval()
     teacher.requires_grad_(False)
     return teacher, name
+
+
+def _teacher_state(file: Path, report: Callable[[str], None] | None) -> tuple[Path, dict[str, Any]]:
+    """(file, state): last.pt stands for its folder's newest verified checkpoint; weights_only."""
+    if file.name != checkpoint.LATEST:
+        return file, checkpoint.read(file)  # a damaged file is named, with why
+    found = checkpoint.newest(file.parent, report)
+    assert found is not None  # the folder holds last.pt, so it has a candidate
+    return found
 
 
 def teacher_file(path: str | Path) -> Path:

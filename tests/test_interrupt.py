@@ -1,0 +1,66 @@
+"""Ctrl-C: an interrupted command prints one line and exits 130, with no traceback from torch."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120) -> tuple[int, str]:
+    """Start `ringtree ARGS` in its own process group, wait until ready(), Ctrl-C the group (as a
+    terminal does); return its exit code and stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ringtree", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job.poll() is None, "the command ended before it could be interrupted"
+        os.killpg(job.pid, signal.SIGINT)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    return job.returncode, err
+
+
+def test_ctrl_c_in_train_says_where_it_stopped_in_one_line(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    code, err = _interrupt(
+        ["train", "--nproc", "2", "--model", "mlp-tiny", "--epochs", "1000", "--no-progress",
+         "--checkpoint-dir", str(ck), "--checkpoint-every", "2"],
+        lambda: len(list(ck.glob("step-*.json"))) >= 2,
+    )  # fmt: skip
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130, err
+    assert "Traceback" not in err and "SignalException" not in err and "death signal" not in err, err
+    m = re.fullmatch(r"interrupted at step (\d+); last checkpoint: (.*step-(\d+)\.pt)", lines[-1])
+    assert m is not None and len(lines) == 1, err
+    assert Path(m.group(2)).is_file() and int(m.group(1)) >= int(m.group(3)) >= 2
+
+
+def test_ctrl_c_in_bench_exits_130_in_one_line(tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, err = _interrupt(
+        ["bench", "--nproc", "2", "--max-bytes", "64M", "--json", str(tmp_path / "rows.json")],
+        lambda: time.monotonic() - started > 8,
+    )
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130 and lines == ["ringtree bench: interrupted; nothing written"], err
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,74 @@
+"""Every command's JSON: one key per quantity, each documented in its command's table in docs/."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+from json_tables import documented, keys
+from torch import nn
+from torch.utils.data import TensorDataset
+from typer.testing import CliRunner
+
+from ringtree.cli.app import app
+from ringtree.train import TrainConfig, Trainer
+from ringtree.train.summary import METRIC_KEYS, PIPELINE_KEYS, THREAD_KEYS
+
+
+def test_bench_rows_have_the_documented_keys(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    args = ["bench", "--nproc", "2", "--algorithms", "ring", "--min-bytes", "1K", "--max-bytes", "1K"]
+    result = CliRunner().invoke(app, [*args, "--iters", "1", "--warmup", "0", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    table = documented("collectives.md", "bench")
+    assert len(set(table)) == len(table)
+    assert [keys(row) for row in json.loads(out.read_text())] == [table]
+
+
+def test_the_doctor_report_has_the_documented_keys(tmp_path: Path) -> None:
+    out = tmp_path / "doctor.json"
+    args = ["doctor", "--nproc", "2", "--local-size", "1", "--size", "4K", "--iters", "1"]
+    result = CliRunner().invoke(app, [*args, "--matmul", "16", "--json", str(out)])
+    assert result.exit_code in (0, 1), result.output  # 1: a suspect, which a loaded host may make
+    report = json.loads(out.read_text())
+    report["mismatches"] = [{"rank": 1, "key": "torch", "value": "x", "rank0": "y"}]  # what one holds
+    report["suspects"] = [{"node": 1, "rank": 1, "kind": "link", "measured": 0.1, "expected": 1.0}]
+    table = documented("emulate.md", "doctor")
+    assert len(set(table)) == len(table)
+    assert sorted(keys(report)) == sorted(table)
+
+
+@pytest.mark.parametrize("layout", [{}, {"pp": 2, "micro_batches": 2}, {"mode": "dp-threads"}])
+def test_the_train_summary_has_the_documented_keys(layout: dict[str, Any]) -> None:
+    table = documented("training.md", "train")
+    assert len(set(table)) == len(table)
+    assert set(table) == {*METRIC_KEYS, *PIPELINE_KEYS, *THREAD_KEYS, "recipe"}
+    options = {f.name for f in fields(TrainConfig)}
+    # a measured key stands for its option only where they are one quantity (the mesh's tp and pp,
+    # the segments the stages really checkpointed)
+    assert set(table) & options == {"tp", "pp", "checkpoint_segments"}
+    if layout.get("pp"):
+        return  # a pipeline needs two ranks: its keys are checked above, against summary.py
+    data = TensorDataset(__import__("torch").randn(64, 4), __import__("torch").randint(0, 2, (64,)))
+    cfg = TrainConfig(epochs=1, batch_size=16, progress=False, **layout)
+    summary = Trainer(nn.Linear(4, 2), data, nn.CrossEntropyLoss(), cfg).fit()
+    assert set(summary) <= set(table) | options, set(summary) - set(table) - options
+
+
+@pytest.mark.parametrize(
+    ("args", "page", "command"),
+    [
+        (["show", "ring", "--ranks", "4"], "collectives.md", "show"),
+        (["show", "1f1b", "--stages", "2", "--micro-batches", "2"], "pipeline.md", "show-pipeline"),
+    ],
+)
+def test_show_json_has_the_documented_keys(tmp_path: Path, args: list[str], page: str, command: str) -> None:
+    out = tmp_path / "show.json"
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    table = documented(page, command)
+    assert len(set(table)) == len(table)
+    assert sorted(keys(json.loads(out.read_text()))) == sorted(table)
