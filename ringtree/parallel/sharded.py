@@ -177,9 +177,12 @@ class ShardedDataParallel(nn.Module):
                 self._all_gather(b)
 
     def _unshard(self, b: FlatBucket) -> None:
+        """Gather the bucket unless it is gathered and its shard unchanged since."""
+        if b.gathered and not b.stepped():
+            return
         if not b.gathered:
             b.allocate()
-            self._all_gather(b)
+        self._all_gather(b)
 
     def _all_gather(self, b: FlatBucket) -> None:
         start = time.perf_counter()
