@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,7 +211,9 @@ class Saved:
             return {}
         meta = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
         want: dict[str, Any] = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in keys}  # type: ignore[union-attr]
-        dcp_load(want, checkpoint_id=str(self.path), no_dist=True)
+        with warnings.catch_warnings():  # dcp warns that no_dist means one process: it does
+            warnings.simplefilter("ignore", UserWarning)
+            dcp_load(want, checkpoint_id=str(self.path), no_dist=True)
         return want
 
     def fetcher(self, wanted: list[tuple[str, str, int, int]]) -> Fetch:

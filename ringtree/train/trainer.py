@@ -137,8 +137,9 @@ def preflight(cfg: TrainConfig) -> None:
     _check_model(make_model(cfg.model), cfg)
     if cfg.teacher is not None:
         load_teacher(cfg.teacher, make_model)  # a missing or damaged file is named here, once
-    if cfg.resume and cfg.checkpoint_dir is not None:
-        checkpoint.load(cfg.checkpoint_dir)  # no usable checkpoint: said here, not by every worker
+    resume = cfg.resume and cfg.checkpoint_dir is not None  # no usable checkpoint: said here, once
+    if resume and sharded_checkpoint.newest(cfg.checkpoint_dir) is None:  # type: ignore[arg-type]
+        checkpoint.load(cfg.checkpoint_dir)  # type: ignore[arg-type]
 
 
 def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
