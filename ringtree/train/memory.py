@@ -49,4 +49,4 @@ def fullest_rank_mb(model_state: int, device: torch.device) -> dict[str, float]:
     if dist.is_initialized():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     state, peak = mine.tolist()
-    return {"model_state_mb": round(state / MB, 3), "peak_memory_mb": round(peak / MB, 1)}
+    return {"model_state_mb": state / MB, "peak_memory_mb": peak / MB}
