@@ -27,7 +27,8 @@ def model_state_bytes(net: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     seen: set[int] = set()
     total = 0
     for t in tensors:
-        storage = t.untyped_storage()
+        local = t.to_local() if hasattr(t, "to_local") else t  # FSDP2's DTensors: this rank's shard
+        storage = local.untyped_storage()
         if storage.data_ptr() in seen or storage.nbytes() == 0:
             continue
         seen.add(storage.data_ptr())
