@@ -59,3 +59,19 @@ def test_command_prints_every_rank_and_writes_json_and_png(tmp_path: Path) -> No
 def test_options_of_other_shows_are_refused() -> None:
     out = CliRunner().invoke(app, ["show", "zero2", "--stages", "4"])
     assert out.exit_code == 2 and "--stages does not apply to a ZeRO step" in out.output
+
+
+def test_plan_from_run_carries_the_runs_zero(tmp_path: Path) -> None:
+    summary = {"step_time_s": 0.42, "exposed_comm_time_s": 0.02, "parameters": 86_000_000, "accumulate": 1,
+               "batch_size": 32, "overlap": False, "bucket_mb": 25.0, "algorithm": "ring", "mode": "ddp",
+               "world_size": 8, "nodes": 1, "zero": 3}  # fmt: skip
+    run, out = tmp_path / "run.json", tmp_path / "plan.json"
+    run.write_text(json.dumps(summary))
+    args = ["plan", "--from-run", str(run), "--nodes", "2", "--gpus-per-node", "8", "--intra", "pcie-gen3",
+            "--inter", "eth-10g", "--json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["zero"] == 3
+    del summary["zero"]  # a run from before --zero: DDP
+    run.write_text(json.dumps(summary))
+    assert CliRunner().invoke(app, args).exit_code == 0 and json.loads(out.read_text())["zero"] == 0
