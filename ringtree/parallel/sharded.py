@@ -4,8 +4,8 @@ The parameters are grouped into DDP's fusion buckets (reverse registration order
 one flat buffer padded to a multiple of the group size p; DP rank r owns block r of every bucket:
 its `shard` (an fp32 nn.Parameter, the only thing the optimizer steps) and the shard's gradient.
 
-- zero 1: gradients accumulate whole in `.grad`; the synchronizing backward all-reduces each
-  bucket and keeps block r as the shard's gradient (optimizer states are 1/p).
+- zero 1: gradients accumulate whole in `.grad`; the synchronizing backward moves them into the
+  bucket, all-reduces it and steps with block r of it (optimizer states are 1/p).
 - zero 2: every backward reduce-scatters each bucket as soon as its gradients are in and adds
   block r to the shard's gradient; the whole gradients are dropped (no_sync: summed shards).
 - zero 3: and the parameters themselves live only as shards: a module's buckets are all-gathered
@@ -87,7 +87,7 @@ class ShardedDataParallel(nn.Module):
         ]
         self._handles: list[RemovableHandle] = []
         self._sync_enabled, self._expect_sync, self._in_backward = True, False, False
-        self._next, self._validated, self._synced = 0, False, False
+        self._next, self._validated = 0, False
         self._spans: list[Span] = []
         self.last_sync = SyncStats()
         self._register_grad_hooks()
@@ -105,10 +105,6 @@ class ShardedDataParallel(nn.Module):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():
             self._expect_sync = self._sync_enabled
-            if self._synced:  # a new step: zero 1's whole gradients were used by the last sync
-                self._synced = False
-                for b in self.buckets:
-                    b.drop_param_grads()
         if self.zero < 3:
             self._gather_stepped()
         return self.module(*inputs, **kwargs)
@@ -133,6 +129,7 @@ class ShardedDataParallel(nn.Module):
             for i, p in enumerate(b.params):
                 if p.grad is not None:
                     self._take(b, i, p.grad)
+                    p.grad = None
         self._finish()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -259,8 +256,7 @@ class ShardedDataParallel(nn.Module):
             self._enter_backward()
             assert param.grad is not None
             self._take(b, i, param.grad)
-            if self.zero > 1:
-                param.grad = None  # zero 2/3 never keep a whole gradient
+            param.grad = None  # in the bucket now (zero 2/3 never keep a whole gradient)
 
         return on_grad_ready
 
@@ -285,7 +281,7 @@ class ShardedDataParallel(nn.Module):
         kw: dict[str, Any] = {"timeout_s": self._timeout_s, "validate": not self._validated}
         if self.zero == 1:
             comm.all_reduce(payload, "sum", self.algorithm, self.process_group, **kw)
-            block = payload[b.block].clone()
+            block = payload[b.block]  # a view: zero 1 holds the whole reduced gradient, once
         else:
             block = torch.empty_like(b.shard)
             comm.reduce_scatter(block, payload, "sum", self.algorithm, self.process_group, **kw)
@@ -302,7 +298,6 @@ class ShardedDataParallel(nn.Module):
                 b.fill_missing()
             self._reduce_in_order()
             self._validated = True
-            self._synced = self._synced or self._expect_sync
             total = sum(s.end - s.start for s in self._spans)
             self.last_sync = SyncStats(total, total, list(self._spans))  # synchronous: all exposed
         finally:

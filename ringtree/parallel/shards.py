@@ -90,10 +90,6 @@ class FlatBucket:
         else:
             self.shard.grad.add_(block)
 
-    def drop_param_grads(self) -> None:
-        for p in self.params:
-            p.grad = None
-
 
 def flatten(
     index: int, named: list[tuple[str, nn.Parameter]], p: int, r: int, *, separate: bool
