@@ -138,3 +138,14 @@ def test_zero_refusals_exit_2(args: list[str], fragment: str) -> None:
     assert result.exit_code == 2, result.output
     assert fragment in re.sub(r"[\s│]+", " ", result.output)
     assert "Traceback" not in result.output
+
+
+def test_a_sharded_checkpoint_is_a_teacher(saved: Path) -> None:
+    from ringtree.train.techniques.distill import load_teacher, teacher_file
+
+    assert teacher_file(saved / "four") == saved / "four"  # the folder, not a last.pt inside it
+    teacher, name = load_teacher(saved / "four", lambda kind: make_net(1))
+    assert name == "net" and not teacher.training
+    expected = dense(saved / "four")["model"]
+    for key, value in teacher.state_dict().items():
+        assert torch.equal(value, expected[key]), key

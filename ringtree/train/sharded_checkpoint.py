@@ -291,7 +291,7 @@ def load_sharded(
     torch.set_rng_state(scalars["rng"])
 
 
-def dense_state(path: Path, net: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def dense_state(path: Path, net: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """A sharded checkpoint assembled into the dense form `checkpoint.load` returns (for ZeRO 0)."""
     saved = Saved(path)
     named = list(net.named_parameters())
@@ -309,7 +309,7 @@ def dense_state(path: Path, net: nn.Module, optimizer: torch.optim.Optimizer) ->
         if state:
             per_param[j] = state | {k.removeprefix("scalar/"): extra[k] for k in saved.scalars}
     record = json.loads((path / RECORD).read_text())
-    groups = optimizer.state_dict()["param_groups"]
+    groups = [] if optimizer is None else optimizer.state_dict()["param_groups"]
     return {
         "step": record["step"],
         "model_name": record["model_name"],
