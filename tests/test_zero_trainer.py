@@ -3,7 +3,9 @@ GPipe with accumulation), and the summary shows model_state_mb and peak_memory_m
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,3 +57,32 @@ def test_zero_under_dp_2_x_pp_2_ends_with_zero_0s_parameters() -> None:
     s0, s3 = results[0][("1f1b", 0)]["summary"], results[0][("1f1b", 3)]["summary"]
     assert s3["model_state_mb"] < 0.6 * s0["model_state_mb"]  # DP 2: about half (padding, tiny model)
     assert s0["peak_memory_mb"] > 10  # a process's peak RSS, in MiB
+
+
+def _save_at_4(rank: int, ck: str) -> None:
+    plain = replace(BASE, pp=1, micro_batches=None, epochs=1, checkpoint_dir=f"{ck}/dense")
+    Trainer(_regressor(), _regression(), nn.MSELoss(), plain).fit()  # today's dense checkpoints
+    Trainer(
+        _regressor(), _regression(), nn.MSELoss(), replace(plain, zero=3, checkpoint_dir=f"{ck}/z3")
+    ).fit()
+
+
+def _resume_at_2(rank: int, ck: str) -> dict[str, Any]:
+    again = replace(BASE, pp=1, micro_batches=None, epochs=2)
+    out = {}
+    for name, folder, zero in (("dense_to_z2", "dense", 2), ("z3_to_z2", "z3", 2), ("z3_to_z0", "z3", 0)):
+        cfg = replace(again, zero=zero, checkpoint_dir=f"{ck}/{folder}-{name}", resume=True)
+        out[name] = Trainer(_regressor(), _regression(), nn.MSELoss(), cfg).fit()
+    return out
+
+
+def test_saved_at_4_ranks_resumes_at_2_dense_or_sharded(tmp_path: Path) -> None:
+    spawn(_save_at_4, 4, (str(tmp_path),), timeout_s=180)
+    for name, folder in (("dense_to_z2", "dense"), ("z3_to_z2", "z3"), ("z3_to_z0", "z3")):
+        shutil.copytree(tmp_path / folder, tmp_path / f"{folder}-{name}")  # each resume writes its own
+    assert any((tmp_path / "z3").glob("step-*.dcp")) and any((tmp_path / "dense").glob("step-*.pt"))
+    results = spawn(_resume_at_2, 2, (str(tmp_path),), timeout_s=180)
+    for name in ("dense_to_z2", "z3_to_z2", "z3_to_z0"):
+        s = results[0][name]
+        assert s["dp"] == 2 and s["resumed_from_step"] == 3, (name, s["resumed_from_step"])  # 96 / (4 x 8)
+        assert s["steps"] == 12 and s["final_loss"] < 10  # 2 epochs of 96 / (2 x 8), the first 3 done
