@@ -36,7 +36,9 @@ def flat(module: nn.Module) -> torch.Tensor:
     return torch.cat([q.detach().reshape(-1).clone() for q in module.parameters()])
 
 
-def train(rank: int, p: int, zero: int, k: int, algorithm: str = "ring") -> dict[str, Any]:
+def train(
+    rank: int, p: int, zero: int, k: int, algorithm: str = "ring", clip: float | None = None
+) -> dict[str, Any]:
     """STEPS AdamW steps of k micro-batches each; the final whole parameters and the losses."""
     net = make_net(rank)  # different on every rank: construction broadcasts rank 0's
     model: nn.Module
@@ -58,6 +60,10 @@ def train(rank: int, p: int, zero: int, k: int, algorithm: str = "ring") -> dict
                 loss = ((model(xs[step, i, rows]) - ys[step, i, rows]) ** 2).mean() / k
                 loss.backward()
             losses.append(float(loss))
+        if clip is not None and isinstance(model, ShardedDataParallel):
+            model.clip_grad_norm_(clip)
+        elif clip is not None:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)  # torch's, on the whole gradients
         opt.step()
     shard_numel = sum(q.numel() for q in params)
     if isinstance(model, ShardedDataParallel):
@@ -97,6 +103,7 @@ def case_zero(rank: int, p: int) -> dict[str, Any]:
     out["halving"] = train(rank, p, 3, 1, "halving_doubling")
     out["native"] = train(rank, p, 2, 1, "native")
     out["fsdp2"] = train_fsdp2(rank, p)
+    out["clip0"], out["clip3"] = train(rank, p, 0, 1, clip=0.05), train(rank, p, 3, 1, clip=0.05)
     return out
 
 
@@ -142,3 +149,13 @@ def test_loss_curve_matches_fsdp2(world: tuple[int, list[dict[str, Any]]]) -> No
         assert len(ours) == STEPS
         torch.testing.assert_close(ours, torchs, rtol=1e-5, atol=1e-6)
         assert not torch.equal(ours[0], ours[-1])  # the model did learn something
+
+
+def test_clip_grad_norm_matches_torchs(
+    world: tuple[int, list[dict[str, Any]]],
+) -> None:
+    p, results = world
+    clipped, plain = results[0]["clip0"]["params"], results[0][(0, 1)]["params"]
+    assert (clipped - plain).abs().max().item() > 1e-4  # the clip did act
+    for r in range(p):
+        assert (results[r]["clip3"]["params"] - clipped).abs().max().item() <= 1e-5

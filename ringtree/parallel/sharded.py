@@ -297,6 +297,10 @@ class ShardedDataParallel(nn.Module):
             for b in self.buckets:
                 b.fill_missing()
             self._reduce_in_order()
+            if self.zero == 3:  # buckets gathered for a backward that gave them no gradient
+                for b in self.buckets:
+                    if not b.pinned:
+                        b.free()
             self._validated = True
             total = sum(s.end - s.start for s in self._spans)
             self.last_sync = SyncStats(total, total, list(self._spans))  # synchronous: all exposed
