@@ -12,7 +12,10 @@ its `shard` (an fp32 nn.Parameter, the only thing the optimizer steps) and the s
   just before its forward and again before its backward (a hook on its outputs), freed after.
 
 After the optimizer stepped the shards, the next forward all-gathers them: zero 1/2 every
-stepped bucket at once, zero 3 bucket by bucket as the modules run. Both halves run ringtree's
+stepped bucket at once, zero 3 bucket by bucket as the modules run. Every collective runs on one
+communication thread in the order the training thread asks for it (the same on every rank):
+bucket reductions overlap the rest of backward and are waited for at its end, all-gathers are
+waited for at once. Both halves run ringtree's
 reduce-scatter and all-gather schedules (`algorithm`), over shared memory inside a host.
 Index names: b bucket, i parameter within a bucket, r this rank's index in the group.
 """
@@ -20,7 +23,9 @@ Index names: b bucket, i parameter within a bucket, r this rank's index in the g
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,8 +35,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ringtree import comm
+from ringtree.comm import CollectiveError
 from ringtree.parallel.buckets import MB, assign
-from ringtree.parallel.ddp import SyncStats
+from ringtree.parallel.ddp import SyncStats, _union
 from ringtree.parallel.launcher import Span
 from ringtree.parallel.replicas import broadcast_state
 from ringtree.parallel.shards import FlatBucket, flatten
@@ -89,6 +95,12 @@ class ShardedDataParallel(nn.Module):
         self._sync_enabled, self._expect_sync, self._in_backward = True, False, False
         self._next, self._validated = 0, False
         self._spans: list[Span] = []
+        # Every collective runs on this one thread, in the order the training thread asks: the same
+        # on every rank. Reductions are waited for at the end of backward (they overlap it);
+        # all-gathers are waited for at once (their parameters are needed next).
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringtree-zero-comm")
+        self._pending: list[Future[None]] = []
+        self._exposed_s = 0.0
         self.last_sync = SyncStats()
         self._register_grad_hooks()
         if zero == 3:
@@ -165,6 +177,12 @@ class ShardedDataParallel(nn.Module):
         self._handles.clear()
         for b in self.buckets:
             b.pinned = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __del__(self) -> None:
+        pool = self.__dict__.get("_pool")
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     # -- gathering parameters -----------------------------------------------------------------
 
@@ -182,17 +200,38 @@ class ShardedDataParallel(nn.Module):
         self._all_gather(b)
 
     def _all_gather(self, b: FlatBucket) -> None:
-        start = time.perf_counter()
-        comm.all_gather(
-            b.full,
-            b.shard.detach().clone(),  # the input may alias a block of the output (zero 1/2)
-            self.algorithm,
-            self.process_group,
-            timeout_s=self._timeout_s,
-            validate=not self._validated,
-        )
+        shard = b.shard.detach().clone()  # the input may alias a block of the output (zero 1/2)
+        validate = not self._validated
+
+        def gather() -> None:
+            start = time.perf_counter()
+            comm.all_gather(
+                b.full,
+                shard,
+                self.algorithm,
+                self.process_group,
+                timeout_s=self._timeout_s,
+                validate=validate,
+            )
+            nbytes = b.full.numel() * b.full.element_size()
+            self._spans.append(Span(b.index, start, time.perf_counter(), nbytes))
+
+        started = time.perf_counter()
+        self._wait([self._pool.submit(gather)], f"all-gather of bucket {b.index}")
+        self._exposed_s += time.perf_counter() - started
         b.mark_gathered()
-        self._spans.append(Span(b.index, start, time.perf_counter(), b.full.numel() * b.full.element_size()))
+
+    def _wait(self, futures: list[Future[None]], what: str) -> None:
+        """Wait for the comm thread's work (each may take its own timeout); re-raise its error here."""
+        deadline = time.monotonic() + self._timeout_s * (len(futures) + 1)
+        for future in futures:
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                raise CollectiveError(
+                    f"ShardedDataParallel {what} on rank {dist.get_rank()} did not finish in time; "
+                    "a peer probably stopped training"
+                ) from None
 
     # -- zero 3: modules gather before forward and before backward -----------------------------
 
@@ -276,20 +315,27 @@ class ShardedDataParallel(nn.Module):
             self._next += 1
 
     def _reduce(self, b: FlatBucket) -> None:
-        start = time.perf_counter()
+        """Start the bucket's reduction on the comm thread (backward goes on meanwhile)."""
         payload = b.take_payload().div_(self.world_size)  # average as DDP does: divide, then sum
-        kw: dict[str, Any] = {"timeout_s": self._timeout_s, "validate": not self._validated}
-        if self.zero == 1:
-            comm.all_reduce(payload, "sum", self.algorithm, self.process_group, **kw)
-            block = payload[b.block]  # a view: zero 1 holds the whole reduced gradient, once
-        else:
-            block = torch.empty_like(b.shard)
-            comm.reduce_scatter(block, payload, "sum", self.algorithm, self.process_group, **kw)
-        b.add_shard_grad(block)
-        nbytes = payload.numel() * payload.element_size()
-        self._spans.append(Span(b.index, start, time.perf_counter(), nbytes))
-        if self.zero == 3 and not b.pinned:
-            b.free()
+        self._pending.append(self._pool.submit(self._reduction(b, payload, not self._validated)))
+
+    def _reduction(self, b: FlatBucket, payload: torch.Tensor, validate: bool) -> Callable[[], None]:
+        def reduce() -> None:
+            start = time.perf_counter()
+            kw: dict[str, Any] = {"timeout_s": self._timeout_s, "validate": validate}
+            if self.zero == 1:
+                comm.all_reduce(payload, "sum", self.algorithm, self.process_group, **kw)
+                block = payload[b.block]  # a view: zero 1 holds the whole reduced gradient, once
+            else:
+                block = torch.empty_like(b.shard)
+                comm.reduce_scatter(block, payload, "sum", self.algorithm, self.process_group, **kw)
+            b.add_shard_grad(block)
+            nbytes = payload.numel() * payload.element_size()
+            self._spans.append(Span(b.index, start, time.perf_counter(), nbytes))
+            if self.zero == 3 and not b.pinned:
+                b.free()
+
+        return reduce
 
     def _finish(self) -> None:
         """End of backward: buckets whose parameters got no gradient reduce zeros; stats recorded."""
@@ -297,15 +343,19 @@ class ShardedDataParallel(nn.Module):
             for b in self.buckets:
                 b.fill_missing()
             self._reduce_in_order()
+            started = time.perf_counter()
+            pending, self._pending = self._pending, []
+            self._wait(pending, "bucket reductions")
+            self._exposed_s += time.perf_counter() - started
             if self.zero == 3:  # buckets gathered for a backward that gave them no gradient
                 for b in self.buckets:
                     if not b.pinned:
                         b.free()
             self._validated = True
-            total = sum(s.end - s.start for s in self._spans)
-            self.last_sync = SyncStats(total, total, list(self._spans))  # synchronous: all exposed
+            spans = sorted(self._spans, key=lambda s: s.start)
+            self.last_sync = SyncStats(_union(spans), self._exposed_s, spans)
         finally:
-            self._spans.clear()
+            self._spans, self._exposed_s = [], 0.0
             self._next = 0
             self._in_backward = False
             self._expect_sync = False

@@ -261,8 +261,8 @@ def _check_zero(cfg: TrainConfig) -> None:
     given = [flag for flag, value in _bucket_options(cfg)[1:] if value is not None]
     if given:
         raise ValueError(
-            f"{', '.join(given)}: not supported with --zero {cfg.zero} (its reduce-scatters run in "
-            "full precision as each bucket completes); drop them or use --zero 0"
+            f"{', '.join(given)}: not supported with --zero {cfg.zero} (its buckets are always reduced "
+            "during backward, in full precision); drop them or use --zero 0"
         )
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         raise ValueError(
