@@ -14,6 +14,10 @@ failed (with the error) so that one broken path does not hide the others:
   gradients against the unpipelined model, and the measured bubble (needs 2 or more GPUs);
 - amp: the vit trained for a few steps under autocast fp16 (with torch.amp.GradScaler) and bf16;
 - h2d: host-to-device copy bandwidth of 64 MiB from pinned and from pageable memory;
+- zero: ringtree.ShardedDataParallel at ZeRO 1, 2 and 3 (native: NCCL's reduce-scatter and
+  all-gather; ring: ringtree's schedule) against ringtree's DDP after two AdamW steps, the model
+  state each holds (counted from the tensors) and, on CUDA, ZeRO-3's peak allocation during
+  forward + backward against the whole parameters' size (each layer freed after use);
 - checkpoint: peak memory of a deeper vit's forward + backward with and without activation
   checkpointing (torch.utils.checkpoint, through the vit's checkpoint_segments).
 
@@ -42,13 +46,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ringtree import DistributedDataParallel, comm
+from ringtree import DistributedDataParallel, ShardedDataParallel, comm
 from ringtree.bench import environment
 from ringtree.launch import elastic_spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.parallel.tensor import ParallelBlock
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+from ringtree.train.memory import model_state_bytes
 from ringtree.train.models import Block, ViT
 from ringtree.train.stages import model_layers
 
@@ -278,6 +283,68 @@ def check_checkpoint(device: torch.device) -> dict[str, Any]:
     return out
 
 
+def _zero_run(base: nn.Module, zero: int, algorithm: str, device: torch.device) -> dict[str, Any]:
+    """Two AdamW steps of a copy of `base` at ZeRO `zero` (0: ringtree's DDP); params, state, peak."""
+    model = copy.deepcopy(base)
+    ids = [device.index] if device.type == "cuda" else None
+    if zero == 0:
+        wrapped: nn.Module = DistributedDataParallel(
+            model, device_ids=ids, algorithm=algorithm, timeout_s=TIMEOUT_S
+        )
+        params = list(model.parameters())
+    else:
+        sdp = ShardedDataParallel(
+            model, zero=zero, algorithm=algorithm, bucket_cap_mb=1.0, timeout_s=TIMEOUT_S
+        )
+        wrapped, params = sdp, sdp.shard_parameters()
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x, y = torch.randn(32, 256, generator=g).to(device), torch.randn(32, 256, generator=g).to(device)
+    peak = 0
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start = torch.cuda.memory_allocated(device)
+        F.mse_loss(wrapped(x), y).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            peak = max(peak, torch.cuda.max_memory_allocated(device) - start)
+        opt.step()
+    state = model_state_bytes(model, opt)
+    if isinstance(wrapped, ShardedDataParallel | DistributedDataParallel):
+        wrapped.close()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"params": flat, "state_bytes": state, "peak_bytes": peak}
+
+
+def check_zero(device: torch.device) -> dict[str, Any]:
+    """ZeRO 1/2/3 against DDP: the same parameters, 1/p of the state, layers freed on CUDA."""
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(6):
+        layers += [nn.Linear(256, 256), nn.ReLU()]
+    base = nn.Sequential(*layers, nn.Linear(256, 256)).to(device)
+    whole_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    out: dict[str, Any] = {}
+    for algorithm in ("native", "ring"):
+        ddp = _zero_run(base, 0, algorithm, device)
+        for zero in (1, 2, 3):
+            run = _zero_run(base, zero, algorithm, device)
+            error = float((run["params"] - ddp["params"]).abs().max())
+            ratio = run["state_bytes"] / ddp["state_bytes"]
+            ideal = (8 + 8 / world) / 16 if zero == 1 else (4 + 12 / world) / 16 if zero == 2 else 1 / world
+            row = {"max_abs_param_error": error, "state_vs_ddp": ratio, "ideal_state_vs_ddp": ideal}
+            ok = error < 1e-4 and ratio <= ideal + 0.05
+            if zero == 3 and device.type == "cuda":
+                row["peak_bytes_vs_whole_params"] = run["peak_bytes"] / whole_bytes
+                ok = ok and (world == 1 or run["peak_bytes"] < whole_bytes + ddp["peak_bytes"])
+            out[f"zero{zero}_{algorithm}"] = row | {"ok": ok}
+    return out
+
+
 CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "ddp": check_ddp,
     "tp": check_tp,
@@ -285,6 +352,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "amp": check_amp,
     "h2d": check_h2d,
     "checkpoint": check_checkpoint,
+    "zero": check_zero,
 }
 
 

@@ -8,10 +8,10 @@ from ringtree.topology import Topology
 
 if TYPE_CHECKING:
     from ringtree.comm.hook import comm_hook
-    from ringtree.parallel import DistributedDataParallel
+    from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
 
 __version__ = "0.1.0"
-__all__ = ["DistributedDataParallel", "Topology", "__version__", "comm_hook"]
+__all__ = ["DistributedDataParallel", "ShardedDataParallel", "Topology", "__version__", "comm_hook"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,6 +20,10 @@ def __getattr__(name: str) -> Any:
         from ringtree.parallel import DistributedDataParallel
 
         return DistributedDataParallel
+    if name == "ShardedDataParallel":
+        from ringtree.parallel import ShardedDataParallel
+
+        return ShardedDataParallel
     if name == "comm_hook":
         from ringtree.comm.hook import comm_hook
 

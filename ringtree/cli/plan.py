@@ -522,6 +522,7 @@ def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path
         "measured_run_step_s": float(summary["step_time_s"]),
         "predicted_run_step_s": base.step_s,
         "from_run": str(path),
+        "zero": config.zero,
         "cluster": cluster.as_dict(),
     }
     console.print(

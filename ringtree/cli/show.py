@@ -21,7 +21,8 @@ DRAW_TREE_RANKS = 32  # wider trees do not fit a terminal: roles only (and --png
 def show(
     algorithm: str = typer.Argument(
         ...,
-        help="A collective algorithm (ring, double_tree, ...) or a pipeline (gpipe, 1f1b, pipedream).",
+        help="A collective algorithm (ring, double_tree, ...), a pipeline (gpipe, 1f1b, pipedream) "
+        "or a ZeRO step (zero1, zero2, zero3).",
     ),
     collective: str | None = typer.Option(
         None, help="all_reduce (default), reduce_scatter, all_gather, broadcast or reduce."
@@ -49,12 +50,17 @@ def show(
 ) -> None:
     """Show a schedule step by step: per rank what it sends, receives and holds; trees; pipeline timelines."""
     from ringtree.show.pipeline import PIPELINES
+    from ringtree.show.zero import ZERO_SHOWS
 
     for path, option in ((json_path, "--json"), (png, "--png"), (animate, "--animate")):
         check_output(path, option)
     try:
         _check_outputs(png, animate)
-        if algorithm in PIPELINES:
+        if algorithm in ZERO_SHOWS:
+            _refuse("a ZeRO step", collective=collective, nodes=nodes, bytes=nbytes, root=root, link=link,
+                    intra=intra, stages=stages, micro_batches=micro_batches, animate=animate)  # fmt: skip
+            _show_zero(int(algorithm[-1]), 4 if ranks is None else ranks, json_path, png)
+        elif algorithm in PIPELINES:
             _refuse("a pipeline", collective=collective, ranks=ranks, nodes=nodes, bytes=nbytes, root=root,
                     link=link, intra=intra, animate=animate)  # fmt: skip
             _show_pipeline(
@@ -73,6 +79,42 @@ def show(
             )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+
+
+def _show_zero(zero: int, p: int, json_path: Path | None, png: Path | None) -> None:
+    """Which rank holds which shard of parameters, gradients and optimizer states, step by step."""
+    from ringtree.show.zero import cell, ddp_units, plot_zero, zero_steps
+
+    if not 1 <= p <= 64:
+        raise ValueError(f"--ranks {p}: show a ZeRO step on 1 to 64 ranks")
+    steps = zero_steps(zero)
+    layers = len(steps[0].holds["params"])
+    shown = _shown_ranks(p)
+    console.print(
+        f"ringtree show zero{zero}: one training step of a {layers}-layer model on {p} data-parallel ranks "
+        f"(rank r holds shard r, 1/{p} of a layer)",
+        highlight=False,
+    )
+    table = Table(show_lines=False)
+    for name in ("step", "action", "communication", *[f"rank {r}" for r in shown], "state / DDP's"):
+        table.add_column(name, overflow="fold")
+    for k, s in enumerate(steps):
+        share = f"{s.units(p) / ddp_units(layers):.2f}"
+        table.add_row(str(k), s.action, s.comm, *[cell(s.holds, r) for r in shown], share)
+    console.print(table)
+    console.print(
+        "P params, G grads, O optimizer states (AdamW's two moments); one character per layer: "
+        "W whole, a digit r only rank r's shard, . nothing. State per rank in units of DDP's "
+        "(params + grads + 2 moments, whole, on every rank).",
+        highlight=False,
+    )
+    if json_path is not None:
+        rows = [{"action": s.action, "communication": s.comm, "holds": s.holds} for s in steps]
+        write_json(json_path, {"zero": zero, "ranks": p, "layers": layers, "steps": rows})
+        console.print(f"wrote {json_path}", highlight=False)
+    if png is not None:
+        plot_zero(steps, zero, p, png)
+        console.print(f"wrote {png}", highlight=False)
 
 
 def _refuse(what: str, **given: Any) -> None:

@@ -75,9 +75,8 @@ def reduce_scatter(
             call.handshake()
         if algorithm == NATIVE:
             with _contiguous(output) as out:
-                work = dist.reduce_scatter_tensor(
-                    out, input.contiguous(), op=TORCH_OP[op], group=group, async_op=True
-                )
+                scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+                work = scatter(out, input.contiguous(), op=TORCH_OP[op], group=group, async_op=True)
                 call.wait_native(work, "native")
             return output
         work = input.contiguous().view(-1).clone()

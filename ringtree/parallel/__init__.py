@@ -1,8 +1,9 @@
-"""Data, tensor and pipeline parallelism: DDP, the master-rank DP, the process mesh, parallel layers."""
+"""Data, tensor and pipeline parallelism: DDP, ZeRO, the master-rank DP, the mesh, parallel layers."""
 
 from ringtree.parallel.ddp import DistributedDataParallel, SyncStats
 from ringtree.parallel.dp import MasterDataParallel
 from ringtree.parallel.mesh import Mesh, MeshShape
+from ringtree.parallel.sharded import ShardedDataParallel
 from ringtree.parallel.tensor import (
     ColumnParallelLinear,
     ParallelBlock,
@@ -21,5 +22,6 @@ __all__ = [
     "ParallelMLP",
     "ParallelSelfAttention",
     "RowParallelLinear",
+    "ShardedDataParallel",
     "SyncStats",
 ]

@@ -60,6 +60,7 @@ class StepConfig:
     accumulate: int = 1
     batch_size: int = 32  # samples per device per micro-step
     sync_wait_s: float = 0.0  # per step: ranks waiting for each other, measured (`with_run_wait`)
+    zero: int = 0  # the run's ZeRO stage (carried from --from-run; its traffic is planned as DDP's)
 
     def __post_init__(self) -> None:
         if self.params < 0 or self.compute_time_s < 0 or self.sync_wait_s < 0:
@@ -102,6 +103,7 @@ class StepConfig:
                 bucket_mb=float(summary.get("bucket_mb") or 25.0),
                 accumulate=accumulate,
                 batch_size=int(summary.get("batch_size") or 1),
+                zero=int(summary.get("zero") or 0),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(

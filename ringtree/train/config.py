@@ -155,6 +155,7 @@ class TrainConfig:
     distill_temperature: float | None = _opt(None, "Distillation softmax temperature [2].")
     distill_alpha: float | None = _opt(None, "Weight of the teacher's soft loss [0.5].")
     prefetch: bool = _opt(False, "Prepare the next batch on a thread while this one computes.")
+    zero: int = _opt(0, "ZeRO: 0 DDP; 1 shards optimizer states, 2 also gradients, 3 also parameters.")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -271,6 +272,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
         )
     if cfg.mode == "dp":
         _check_master_mode(cfg)
+    if cfg.zero:
+        _check_zero(cfg)
     if cfg.mode in THREAD_MODES:
         _check_thread_mode(cfg)
     elif cfg.threads is not None:
@@ -309,6 +312,35 @@ def _check_master_mode(cfg: TrainConfig) -> None:
         raise ValueError(
             "--amp fp16 scales the loss on every rank but --mode dp steps on rank 0 alone, so the "
             "scale would not be agreed; use --amp bf16 or --mode ddp"
+        )
+
+
+def _check_zero(cfg: TrainConfig) -> None:
+    """--zero 1-3: ShardedDataParallel replaces DDP over the DP group (ringtree/parallel/sharded.py)."""
+    if cfg.zero not in (1, 2, 3):
+        raise ValueError(f"--zero {cfg.zero} is not a ZeRO stage; choose 0 (DDP), 1, 2 or 3")
+    if cfg.mode != "ddp":
+        raise ValueError(
+            f"--zero {cfg.zero} shards DDP's data parallelism, which --mode {cfg.mode} does not run; "
+            "drop --zero or use --mode ddp"
+        )
+    from ringtree.parallel.sharded import zero_algorithms
+
+    if cfg.algorithm not in zero_algorithms():
+        raise ValueError(
+            f"--algorithm {cfg.algorithm} has no reduce-scatter/all-gather schedule for --zero "
+            f"{cfg.zero}; choose one of {', '.join(zero_algorithms())}"
+        )
+    given = [flag for flag, value in _bucket_options(cfg)[1:] if value is not None]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: not supported with --zero {cfg.zero} (its buckets are always reduced "
+            "during backward, in full precision); drop them or use --zero 0"
+        )
+    if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
+        raise ValueError(
+            f"--schedule {cfg.schedule} computes gradients on stashed weight copies, which --zero "
+            f"{cfg.zero} does not hold; use --schedule gpipe or 1f1b, or --zero 0"
         )
 
 
@@ -421,6 +453,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped |= {"micro_batches", "schedule", "pp_balance"}
     elif cfg.get("schedule") not in SYNCHRONOUS:
         out["overlap"] = False
+    if cfg.zero:
+        dropped |= {"compression", "overlap"}  # refused with --zero: ShardedDataParallel has neither
     if cfg.teacher is None:
         dropped |= {"distill_temperature", "distill_alpha"}
     if not cfg.checkpoint_activations:
@@ -504,6 +538,7 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "--checkpoint-activations": {"checkpoint_activations": True},
     "--prefetch": {"prefetch": True},
     "--teacher": {"teacher": "ck"},
+    "--zero 3": {"zero": 3},
 }
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ringtree.parallel import DistributedDataParallel
+from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
 from ringtree.parallel.pipeline.partition import balance, param_costs, split, time_costs
 from ringtree.parallel.pipeline.runtime import MicroBatch
 from ringtree.schedules.pipeline import SYNCHRONOUS, Kind, PipelineSchedule
@@ -55,7 +55,7 @@ class Stage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         i, self._calls = self._calls, self._calls + 1
-        ddp = self.body if isinstance(self.body, DistributedDataParallel) else None
+        ddp = self.body if isinstance(self.body, DistributedDataParallel | ShardedDataParallel) else None
         ctx: AbstractContextManager[Any] = self.autocast()
         with ctx:
             if ddp is None:
@@ -91,7 +91,9 @@ class _SyncBeforeBackward(torch.autograd.Function):
     """Identity whose backward (the first step of a stage's backward) makes DDP synchronize."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ddp: DistributedDataParallel) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, ddp: DistributedDataParallel | ShardedDataParallel
+    ) -> torch.Tensor:
         ctx.ddp = ddp
         return x.view_as(x)
 

@@ -24,6 +24,8 @@ METRIC_KEYS = (
     "pp",
     "backend",
     "parameters",  # the whole model's, whatever its TP and PP shards
+    "model_state_mb",  # parameters + gradients + optimizer states held by the fullest rank (MiB)
+    "peak_memory_mb",  # the fullest rank's peak: CUDA allocator peak on GPU, peak RSS on CPU (MiB)
     "steps",
     "resumed_from_step",
     "restarts",  # times torch's elastic agent restarted the workers (each resumed from a checkpoint)

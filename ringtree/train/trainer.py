@@ -30,12 +30,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
-from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh
+from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
 from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
 from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
-from ringtree.train import checkpoint, interrupt, tensor_parallel
+from ringtree.train import checkpoint, interrupt, memory, sharded_checkpoint, tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
@@ -51,6 +51,7 @@ from ringtree.train.techniques.activation_checkpointing import enable_checkpoint
 from ringtree.train.trace import Event, Recorder
 
 Batch = Sequence[torch.Tensor]  # (inputs, targets)
+DataParallel = DistributedDataParallel | ShardedDataParallel  # --zero 0 | --zero 1-3
 
 
 @dataclass
@@ -135,8 +136,9 @@ def preflight(cfg: TrainConfig) -> None:
     _check_model(make_model(cfg.model), cfg)
     if cfg.teacher is not None:
         load_teacher(cfg.teacher, make_model, report=print)  # a damaged file is named here, once
-    if cfg.resume and cfg.checkpoint_dir is not None:
-        checkpoint.load(cfg.checkpoint_dir)  # no usable checkpoint: said here, not by every worker
+    resume = cfg.resume and cfg.checkpoint_dir is not None  # no usable checkpoint: said here, once
+    if resume and sharded_checkpoint.newest(cfg.checkpoint_dir) is None:  # type: ignore[arg-type]
+        checkpoint.load(cfg.checkpoint_dir)  # type: ignore[arg-type]
 
 
 def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
@@ -193,7 +195,7 @@ class _Pipeline:
     stages: list[nn.Sequential]
     stage: Stage
     runner: PipelineStage
-    ddp: DistributedDataParallel | None
+    ddp: DataParallel | None
     schedule: str
     windows: list[list[float]] = field(default_factory=list)  # per run: [start, end, busy] (wall clock)
     peak_activation_bytes: int = 0
@@ -223,13 +225,12 @@ class _Run:
         self.loss = TrainingLoss(trainer.loss_fn, cfg, teacher, self.amp)
         self.recorder = Recorder(self.rank, enabled=trainer.trace)
         self.meter = Meter()
-        self.model: DistributedDataParallel | MasterDataParallel | None = None
+        self.model: DataParallel | MasterDataParallel | None = None
         self.pipe: _Pipeline | None = None
         self.threaded: ThreadedDataParallel | None = None
         self.segments = self._build_pipeline() if cfg.pp > 1 else self._build_replica()
-        self.optimizer = torch.optim.AdamW(
-            self.net.parameters(), lr=cfg.get("lr"), weight_decay=cfg.weight_decay
-        )
+        self.optimizer = torch.optim.AdamW(self._trained(), lr=cfg.get("lr"), weight_decay=cfg.weight_decay)
+        self.model_state_bytes = 0  # the most parameters + gradients + optimizer states held
         self.step = 0
         self.stragglers = (
             StragglerMonitor(device=self.device, every=cfg.straggler_every) if cfg.straggler_every else None
@@ -239,8 +240,17 @@ class _Run:
 
     # -- setup ------------------------------------------------------------------------------
 
-    def _ddp(self, module: nn.Module, overlap: bool) -> DistributedDataParallel:
+    def _ddp(self, module: nn.Module, overlap: bool) -> DataParallel:
         cfg = self.cfg
+        if cfg.zero:
+            return ShardedDataParallel(
+                module,
+                self.mesh.dp_group,
+                zero=cfg.zero,
+                algorithm=cfg.algorithm,
+                bucket_cap_mb=cfg.get("bucket_mb"),
+                timeout_s=cfg.get("timeout_s"),
+            )
         return DistributedDataParallel(
             module,
             bucket_cap_mb=cfg.get("bucket_mb"),
@@ -268,6 +278,16 @@ class _Run:
         else:
             self.model = self._ddp(body, bool(cfg.get("overlap")))
         return segments
+
+    def _sharded(self) -> ShardedDataParallel | None:
+        """This rank's ShardedDataParallel (--zero 1-3), if any."""
+        model = self.model if self.pipe is None else self.pipe.ddp
+        return model if isinstance(model, ShardedDataParallel) else None
+
+    def _trained(self) -> list[nn.Parameter]:
+        """What the optimizer steps: the ZeRO shards, or the whole model's parameters."""
+        sharded = self._sharded()
+        return list(self.net.parameters()) if sharded is None else sharded.shard_parameters()
 
     def _build_pipeline(self) -> int:
         cfg, mesh = self.cfg, self.mesh
@@ -394,6 +414,8 @@ class _Run:
             samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
         elapsed = time.perf_counter() - start
         self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
+        held = memory.model_state_bytes(self.net, self.optimizer)
+        self.model_state_bytes = max(self.model_state_bytes, held)
         if self.stragglers is not None:  # own work: the step less the wait for the others' gradients
             self.stragglers.step(max(0.0, elapsed - exposed_s))
         if self.loss.count:
@@ -491,7 +513,7 @@ class _Run:
             return
         self.amp.step(self.optimizer, agree)
 
-    def _comm_of(self, model: DistributedDataParallel | MasterDataParallel) -> tuple[float, float]:
+    def _comm_of(self, model: DataParallel | MasterDataParallel) -> tuple[float, float]:
         """The last step's communication time and the part of it exposed; its spans go to the trace."""
         if isinstance(model, MasterDataParallel):
             for name, s in zip(("reduce", "broadcast"), model.last_comm, strict=False):  # none if skipped
@@ -532,7 +554,11 @@ class _Run:
         cfg = self.cfg
         if not (cfg.resume or restart_count()) or cfg.checkpoint_dir is None:
             return None
-        state = checkpoint.load(cfg.checkpoint_dir, report=print if self.rank == 0 else None)
+        report = print if self.rank == 0 else None
+        sharded = sharded_checkpoint.newest(cfg.checkpoint_dir, report)
+        if sharded is not None:
+            return self._resume_sharded(*sharded)
+        state = checkpoint.load(cfg.checkpoint_dir, report=report)
         if state is None:
             if self.rank == 0:
                 print(f"# no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0")
@@ -543,7 +569,11 @@ class _Run:
                 f"the checkpoint in {cfg.checkpoint_dir} holds model {state['model_name']!r}, not {name!r}; "
                 f"pass --model {state['model_name']} or another --checkpoint-dir"
             )
-        tensor_parallel.load(self.net, self.optimizer, name, state)
+        zero = self._sharded()
+        if zero is None:
+            tensor_parallel.load(self.net, self.optimizer, name, state)
+        else:  # today's dense checkpoint, cut into this rank's shards
+            sharded_checkpoint.from_dense(state, zero, self.optimizer, self.net)
         if "rng" in state:  # the run continues with the random stream it would have had
             torch.set_rng_state(state["rng"])
         if self.amp.scaler is not None and "scaler" in state:
@@ -551,10 +581,48 @@ class _Run:
         self.step = int(state["step"])
         return self.step
 
+    def _resume_sharded(self, path: Any, record: dict[str, Any]) -> int:
+        """Continue from a torch.distributed.checkpoint folder (saved with --zero, at any DP size)."""
+        cfg, name = self.cfg, self.t.names["model"]
+        if record["model_name"] != name:
+            raise ValueError(
+                f"the checkpoint {path} holds model {record['model_name']!r}, not {name!r}; "
+                f"pass --model {record['model_name']} or another --checkpoint-dir"
+            )
+        zero = self._sharded()
+        if zero is None:  # --zero 0: the pieces assembled into the dense state
+            state = sharded_checkpoint.dense_state(path, self.net, self.optimizer)
+            tensor_parallel.load(self.net, self.optimizer, name, state)
+            torch.set_rng_state(state["rng"])
+        else:
+            sharded_checkpoint.load_sharded(path, zero, self.optimizer, self._names(), self.net)
+        if self.rank == 0 and cfg.progress:
+            print(f"# resumed from {path} (step {record['step']})")
+        self.step = int(record["step"])
+        return self.step
+
+    def _names(self) -> dict[int, str]:
+        """Each parameter's name in the whole model (and its TP rank, whose shard it is, under --tp)."""
+        tp = f"@tp{self.mesh.tp_rank}" if self.cfg.tp > 1 else ""
+        return {id(p): n + tp for n, p in self.net.named_parameters()}
+
     def _save(self) -> None:
         cfg = self.cfg
         if cfg.checkpoint_dir is None:
             return
+        zero = self._sharded()
+        if zero is not None:  # every rank writes its own shard
+            own = {id(b) for b in (zero.module.buffers())}
+            buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own}
+            keep = cfg.get("keep_checkpoints")
+            name = self.t.names["model"]
+            sharded_checkpoint.save(
+                cfg.checkpoint_dir, self.step, name, zero, self.optimizer, self._names(), buffers, keep
+            )
+            return
+        sharded = self._sharded()
+        if sharded is not None:
+            sharded.gather_parameters()
         if self.pipe is not None:
             gather_stages(self.pipe.stages, self.mesh.pp_rank, self.mesh.pp_group)
         model = tensor_parallel.model_state(self.net, self.t.names["model"])  # dense: resumes at any --tp
@@ -585,12 +653,12 @@ class _Run:
 
     def _summary(self, resumed_from: int | None) -> dict[str, Any]:
         cfg, mesh = self.cfg, self.mesh
+        if self.pipe is not None and self.pipe.ddp is not None:
+            self.pipe.ddp.close()  # ZeRO: the whole trained parameters back in the model
+        if isinstance(self.model, DistributedDataParallel | ShardedDataParallel):
+            self.model.close()
         if self.pipe is not None:
             gather_stages(self.pipe.stages, mesh.pp_rank, mesh.pp_group)
-        if self.pipe is not None and self.pipe.ddp is not None:
-            self.pipe.ddp.close()
-        if isinstance(self.model, DistributedDataParallel):
-            self.model.close()
         accuracy, test_loss = evaluate(self.net, self.t.test_set, self.t.loss_fn, self.device)
         train_loss, final_loss = self._losses()
         world = dist.get_world_size()
@@ -617,6 +685,7 @@ class _Run:
             "skipped_steps": self.amp.skipped_steps,
             "checkpoint_segments": int(segments.item()),
             "distilled_from": cfg.teacher,
+            **memory.fullest_rank_mb(self.model_state_bytes, self.device),
         }
         if self.pipe is not None:
             metrics |= self._pipeline_metrics(self.pipe)

@@ -50,7 +50,10 @@ def load_teacher(
     reported through `report`. build(name) makes an empty model of the checkpoint's recorded kind;
     returns (model, name).
     """
-    file, state = _teacher_state(teacher_file(path), report)
+    file = teacher_file(path)
+    if file.is_dir():  # a sharded checkpoint (--zero): its pieces assembled into the dense model
+        return _sharded_teacher(file, build)
+    file, state = _teacher_state(file, report)
     name = state.get("model_name") if isinstance(state, dict) else None
     if not isinstance(name, str) or "model" not in state:
         raise ValueError(
@@ -76,9 +79,27 @@ def _teacher_state(file: Path, report: Callable[[str], None] | None) -> tuple[Pa
     return found
 
 
+def _sharded_teacher(folder: Path, build: Callable[[str], nn.Module]) -> tuple[nn.Module, str]:
+    from ringtree.train import sharded_checkpoint
+
+    found = sharded_checkpoint.find(folder) if not folder.name.endswith(".dcp") else None
+    path = found[0] if found is not None else folder
+    record = sharded_checkpoint.verify(path)
+    teacher = build(str(record["model_name"]))
+    state = sharded_checkpoint.dense_state(path, teacher, None)
+    teacher.load_state_dict(state["model"])
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher, str(record["model_name"])
+
+
 def teacher_file(path: str | Path) -> Path:
-    """The checkpoint file that `path` (a file, or the folder `ringtree train` wrote into) names."""
-    file = Path(path) / checkpoint.LATEST if Path(path).is_dir() else Path(path)
+    """The checkpoint that `path` names: a file, the folder `ringtree train` wrote into (its
+    last.pt), or a folder of sharded checkpoints (--zero) or one of them (step-N.dcp)."""
+    folder = Path(path)
+    if folder.is_dir() and (folder.name.endswith(".dcp") or any(folder.glob("step-*.dcp"))):
+        return folder
+    file = folder / checkpoint.LATEST if folder.is_dir() else folder
     if not file.is_file():
         raise ValueError(
             f"no teacher checkpoint at {file}; train one first with "
