@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,8 @@ def _config_parameters() -> list[inspect.Parameter]:
     for f in fields(config.TrainConfig):
         flag = config.flag(f.name)
         kind = hints[f.name]
+        if Mapping in (typing.get_origin(a) for a in typing.get_args(kind)):
+            kind = str | None  # a mapping (--tp-plan) comes from a file on the command line
         switch = (bool in typing.get_args(kind) or kind is bool) and f.default is not False
         decls = [f"{flag}/--no-{flag[2:]}"] if switch else [flag]
         default = None if f.default is MISSING else f.default
@@ -81,6 +84,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     from ringtree.launch import under_torchrun
     from ringtree.train import TrainConfig
     from ringtree.train.config import check_world, load_file
+    from ringtree.train.models import recipe
     from ringtree.train.trainer import preflight
 
     given = {
@@ -90,7 +94,8 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     }
     try:
         from_file = load_file(config_file) if config_file is not None else {}
-        cfg = TrainConfig(**(from_file | given))
+        model = (from_file | given).get("model", TrainConfig.model)
+        cfg = TrainConfig(**(recipe(model) | from_file | given))  # the model's recipe, then the user's
         check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
         _check_restarts(cfg)
         preflight(cfg)

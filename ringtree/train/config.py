@@ -12,6 +12,7 @@ default to None: `validate` refuses them when they were given but would have no 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
 # Nothing here imports torch at module level: the CLI derives its options from this module, and
 # `ringtree plan` must start without loading torch.
 
-MODELS = ("mlp", "mlp-tiny", "vit")  # or pkg.mod:factory
-DATASETS = ("digits",)  # or pkg.mod:factory
+MODELS = ("mlp", "mlp-tiny", "vit", "gpt", "gpt-tied")  # or pkg.mod:factory
+DATASETS = ("digits", "sort")  # or pkg.mod:factory
 LOSSES = ("cross_entropy", "mse")  # or pkg.mod:factory
 MODES = ("ddp", "dp", "dp-threads", "dp-threads-balanced")
+LANGUAGE_MODELS = ("gpt", "gpt-tied")  # they read token ids [b, t] and predict every next token
 THREAD_MODES = ("dp-threads", "dp-threads-balanced")  # one process, torch's DataParallel (the seeds)
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("fp16", "bf16")
@@ -55,8 +57,10 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
 class TrainConfig:
     """What `ringtree train` trains and how; the defaults reach >= 95% digits accuracy in about a minute."""
 
-    model: str = _opt("mlp", "mlp, mlp-tiny, vit, or pkg.mod:factory returning an nn.Module.")
-    dataset: str = _opt("digits", "digits, or pkg.mod:factory returning a Dataset or (train, test).")
+    model: str = _opt("mlp", "mlp, mlp-tiny, vit, gpt, gpt-tied, or pkg.mod:factory returning an nn.Module.")
+    dataset: str = _opt(
+        "digits", "digits, sort (token sequences), or pkg.mod:factory returning a Dataset or (train, test)."
+    )
     loss: str = _opt("cross_entropy", "cross_entropy, mse, or pkg.mod:factory returning a loss module.")
     device: str = _opt("auto", "auto (CUDA when present), cpu or cuda.")
     mode: str = _opt(
@@ -84,7 +88,13 @@ class TrainConfig:
     timeout_s: float | None = _opt(None, "Seconds before a stuck collective raises [60].", "--timeout")
     progress: bool = _opt(True, "Show rank 0's progress bar.")
     log_every: int = _opt(10, "Optimizer steps between reads of the loss (one host sync each).")
-    tp: int = _opt(1, "Tensor-parallel ranks per vit replica; 1: none.")
+    tp: int = _opt(1, "Tensor-parallel ranks per model replica; 1: none.")
+    tp_plan: Mapping[str, str] | str | None = _opt(
+        None,
+        "YAML/JSON file (or, in the library, a dict) mapping module names to colwise or rowwise "
+        "(needs --tp) [the model's own plan].",
+    )
+    sequence_parallel: bool = _opt(False, "Split norms' tokens among the TP ranks (needs --tp, --model gpt).")
     pp: int = _opt(1, "Pipeline stages per model replica; 1: no pipeline.")
     micro_batches: int | None = _opt(None, "Micro-batches per pipeline run (needs --pp) [4].")
     schedule: str | None = _opt(None, "gpipe, 1f1b, pipedream, pipedream-vs (needs --pp) [1f1b].")
@@ -204,10 +214,21 @@ def _check_combinations(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--threads {cfg.threads} sets the devices of --mode dp-threads; drop it or add that mode"
         )
-    if cfg.tp > 1 and cfg.model != "vit":
-        raise ValueError(f"--tp {cfg.tp} shards the vit's transformer blocks; use --model vit or --tp 1")
+    _check_tensor_parallel(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
+
+
+def _check_tensor_parallel(cfg: TrainConfig) -> None:
+    """--tp-plan and --sequence-parallel mean something only with --tp; gpt reads token sequences."""
+    if cfg.tp_plan is not None and cfg.tp == 1:
+        raise ValueError("--tp-plan shards layers among --tp ranks; add --tp 2 or more, or drop --tp-plan")
+    if cfg.sequence_parallel and cfg.tp == 1:
+        raise ValueError("--sequence-parallel splits tokens among --tp ranks; add --tp 2 or more, or drop it")
+    if cfg.tp_plan is not None and not isinstance(cfg.tp_plan, str | Mapping):
+        raise ValueError(f"tp_plan must be a file name or a dict, got {type(cfg.tp_plan).__name__}")
+    if cfg.model in LANGUAGE_MODELS and cfg.dataset == "digits":
+        raise ValueError(f"--model {cfg.model} reads token sequences, not digits; add --dataset sort")
 
 
 def _bucket_options(cfg: TrainConfig) -> list[tuple[str, Any]]:
@@ -352,6 +373,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("checkpoint_segments")
     if cfg.checkpoint_dir is None:
         dropped |= {"checkpoint_every", "resume", "keep_checkpoints"}
+    if cfg.tp == 1:
+        dropped |= {"tp_plan", "sequence_parallel"}
     return {k: v for k, v in out.items() if k not in dropped}
 
 

@@ -1,12 +1,15 @@
-"""The models `ringtree train` trains on digits: an MLP and a small vision transformer."""
+"""The models `ringtree train` builds by name: an MLP and a vision transformer (digits), a gpt (tokens)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ringtree.train.data import CLASSES, PIXELS
+from ringtree.train.gpt import GPT, GPTConfig
 from ringtree.train.techniques.activation_checkpointing import run_blocks
 
 SIDE = 8  # digits are 8 x 8
@@ -99,12 +102,27 @@ class ViT(nn.Module):
         return self.head(self.norm(h[:, 0]))  # type: ignore[no-any-return]
 
 
+# What `ringtree train --model NAME` uses unless the command line or --config says otherwise.
+RECIPES: dict[str, dict[str, Any]] = {
+    # 4 epochs of 8192 sequences at 128 a step (32 x 4 ranks): about 97% next-token accuracy on sort
+    "gpt": {"dataset": "sort", "epochs": 4, "batch_size": 32, "lr": 3e-3},
+    "gpt-tied": {"dataset": "sort", "epochs": 4, "batch_size": 32, "lr": 3e-3},
+}
+
+
+def recipe(name: str) -> dict[str, Any]:
+    """The training options model `name` comes with ({} for one without a recipe)."""
+    return dict(RECIPES.get(name, {}))
+
+
 def build_model(name: str) -> nn.Module:
-    """The model called `name` ("mlp", "mlp-tiny" or "vit"), freshly initialized from torch's current seed."""
+    """The model called `name` (mlp, mlp-tiny, vit, gpt, gpt-tied), initialized from torch's current seed."""
+    if name in ("gpt", "gpt-tied"):
+        return GPT(GPTConfig(tied=name == "gpt-tied"))
     if name == "mlp":
         return MLP()
     if name == "mlp-tiny":
         return MLP(hidden=TINY_HIDDEN)
     if name == "vit":
         return ViT()
-    raise ValueError(f"unknown model {name!r}; choose mlp, mlp-tiny or vit")
+    raise ValueError(f"unknown model {name!r}; choose mlp, mlp-tiny, vit, gpt or gpt-tied")

@@ -34,7 +34,6 @@ from ringtree.launch import default_backend, init_from_env, restart_count, under
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh
 from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
-from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
@@ -142,8 +141,12 @@ def preflight(cfg: TrainConfig) -> None:
 
 def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
     """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
-    if cfg.tp > 1 and not isinstance(getattr(net, "blocks", None), nn.ModuleList):
-        raise ValueError(f"--tp {cfg.tp} shards a vit's `blocks`; {type(net).__name__} has none; use --tp 1")
+    tensor_parallel.check(net, cfg)
+    if cfg.pp > 1 and getattr(getattr(net, "cfg", None), "tied", False):
+        raise ValueError(
+            "--pp puts the embedding and the output head on different stages, so they cannot share "
+            "their weight; use --model gpt (untied) with --pp"
+        )
     if cfg.pp > 1:
         try:
             layers = model_layers(net if not isinstance(net, nn.ModuleList) else nn.Sequential(*net))
@@ -215,7 +218,7 @@ class _Run:
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
         if cfg.tp > 1:  # the shards are made on the host, then moved with the rest
-            parallelize_blocks(self.net.blocks, self.mesh.tp_group, cfg.algorithm)  # type: ignore[arg-type]
+            tensor_parallel.shard(self.net, cfg, self.mesh.tp_group)
         self.net.to(self.device)
         self.amp = MixedPrecision(cfg.amp, self.device.type)
         teacher = None
