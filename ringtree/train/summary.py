@@ -30,6 +30,7 @@ METRIC_KEYS = (
     "stragglers",  # ranks whose own work was persistently slower than the median rank's
     "skipped_steps",
     "checkpoint_segments",
+    "peak_memory_mb",  # the most memory a rank held: CUDA's allocator, or counted on the CPU (train.memory)
     "distilled_from",
 )
 THREAD_KEYS = (  # --mode dp-threads: the last step's work per device, and max / mean of it

@@ -40,6 +40,7 @@ from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.loss import TrainingLoss
+from ringtree.train.memory import ActivationMeter, peak_memory_mb
 from ringtree.train.metrics import Meter
 from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
 from ringtree.train.progress import ProgressBar
@@ -227,6 +228,7 @@ class _Run:
         self.loss = TrainingLoss(trainer.loss_fn, cfg, teacher, self.amp)
         self.recorder = Recorder(self.rank, enabled=trainer.trace)
         self.meter = Meter()
+        self.activations = ActivationMeter(self.net)
         self.model: DistributedDataParallel | MasterDataParallel | None = None
         self.pipe: _Pipeline | None = None
         self.threaded: ThreadedDataParallel | None = None
@@ -427,9 +429,10 @@ class _Run:
         for i, (x, y) in enumerate(batches):
             sync: AbstractContextManager[None] = nullcontext() if i == len(batches) - 1 else model.no_sync()
             with sync:
-                with self.recorder.span("forward", micro_batch=i), self.amp.autocast():
-                    out = model(x)
-                loss = self.loss(out, y) * (len(y) / total)  # the mean over the step's samples
+                with self.activations.forward():
+                    with self.recorder.span("forward", micro_batch=i), self.amp.autocast():
+                        out = model(x)
+                    loss = self.loss(out, y) * (len(y) / total)  # the mean over the step's samples
                 with self.recorder.span("backward", micro_batch=i):
                     loss.backward()  # type: ignore[no-untyped-call]
         with self.recorder.span("optimizer", step=self.step):
@@ -591,7 +594,7 @@ class _Run:
         accuracy, test_loss = evaluate(self.net, self.t.test_set, self.t.loss_fn, self.device)
         train_loss, final_loss = self._losses()
         world = dist.get_world_size()
-        segments = torch.tensor([float(self.segments)], device=self.device)
+        segments = torch.tensor([float(self.segments), self._peak_memory_mb()], device=self.device)
         dist.all_reduce(segments, op=dist.ReduceOp.MAX)  # stages may checkpoint different numbers
         metrics: dict[str, Any] = {
             "accuracy": accuracy,
@@ -612,7 +615,8 @@ class _Run:
             "restarts": restart_count(),
             "stragglers": [] if self.stragglers is None else self.stragglers.summary(),
             "skipped_steps": self.amp.skipped_steps,
-            "checkpoint_segments": int(segments.item()),
+            "checkpoint_segments": int(segments[0].item()),
+            "peak_memory_mb": float(segments[1].item()),  # the most any rank held
             "distilled_from": cfg.teacher,
         }
         if self.pipe is not None:
@@ -625,6 +629,15 @@ class _Run:
                 "device_imbalance": stats.get("imbalance"),
             }
         return build_summary(metrics, cfg, self.t.names)
+
+    def _peak_memory_mb(self) -> float:
+        """This rank's peak memory (its stage's under --pp)."""
+        if self.pipe is None:
+            params, saved = list(self.net.parameters()), self.activations.peak_bytes
+        else:
+            params = list(self.pipe.stages[self.mesh.pp_rank].parameters())
+            saved = self.pipe.peak_activation_bytes
+        return peak_memory_mb(params, self.optimizer, saved, self.device)
 
     def _losses(self) -> tuple[float | None, float | None]:
         """(last epoch's mean, last step's mean) training loss over every replica: one host read."""

@@ -25,7 +25,7 @@ from ringtree.parallel.tensor.ops import (
     tp_rank,
     tp_size,
 )
-from ringtree.parallel.tensor.sequence import all_gather_sequence, reduce_scatter_sequence
+from ringtree.parallel.tensor.sequence import SharedGather, reduce_scatter_sequence
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,7 @@ class ColumnParallelLinear(_ParallelLinear):
                 f"gather_output=True needs stride=1 (got stride={stride}): the gather is rank-major"
             )
         self.gather_output = gather_output
+        self.shared_gather = SharedGather()  # sequence parallel: one gather per input (set by the plan)
         self.weight_shard, self.bias_shard = Shard(0, stride), Shard(0, stride)
         self._init(out_features // self.tp, in_features, out_features // self.tp if bias else None)
 
@@ -166,7 +167,7 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # [b, t/tp, in] -> [b, t, in]; backward reduce-scatters
-            x = all_gather_sequence(x, self.group, self.algorithm)
+            x = self.shared_gather(x, self.group, self.algorithm)
         else:
             x = copy_to_tp_region(x, self.group, self.algorithm)  # f: all-reduce of the input's gradient
         y = F.linear(x, self.weight, self.bias)  # [..., out / tp]

@@ -21,6 +21,7 @@ from torch import nn
 
 from ringtree.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, _ParallelLinear
 from ringtree.parallel.tensor.ops import Group
+from ringtree.parallel.tensor.sequence import SharedGather
 
 STYLES = ("colwise", "rowwise")
 Plan = Mapping[str, str]
@@ -96,6 +97,7 @@ def parallelize(
     are then summed over the group, as each rank saw only its tokens).
     """
     tp = dist.get_world_size(group) if dist.is_initialized() else 1
+    shared = SharedGather()  # consecutive colwise layers reading one input gather it once
     for name, style in check_plan(model, plan, tp).items():
         parent, _, leaf = name.rpartition(".")
         dense = model.get_submodule(name)
@@ -103,6 +105,7 @@ def parallelize(
         layer: _ParallelLinear
         if style == "colwise":
             layer = ColumnParallelLinear.from_dense(dense, group, algorithm=algorithm)
+            layer.shared_gather = shared
         else:
             layer = RowParallelLinear.from_dense(dense, group, algorithm=algorithm)
         layer.sequence_parallel = sequence_parallel

@@ -17,6 +17,8 @@ layers inside it. Tensors are [b, t, ...]: the sequence is dimension 1.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ringtree.parallel.tensor.ops import (
@@ -43,20 +45,43 @@ def _check(x: torch.Tensor, group: Group) -> None:
 def scatter_sequence(x: torch.Tensor, group: Group = None, algorithm: str = "ring") -> torch.Tensor:
     """[b, t, d] -> this rank's [b, t/tp, d]; backward all-gathers the gradient."""
     _check(x, group)
-    return scatter_to_tp_region(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ)
+    return scatter_to_tp_region(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ).contiguous()
 
 
 def gather_sequence(x: torch.Tensor, group: Group = None, algorithm: str = "ring") -> torch.Tensor:
     """[b, t/tp, d] -> [b, t, d] on every rank; backward keeps this rank's slice of the gradient."""
-    return gather_from_tp_region(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ)
+    return gather_from_tp_region(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ).contiguous()
 
 
 def all_gather_sequence(x: torch.Tensor, group: Group = None, algorithm: str = "ring") -> torch.Tensor:
     """[b, t/tp, d] -> [b, t, d]; backward reduce-scatters (the ranks' uses differ: partial gradients)."""
-    return all_gather_last_dim(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ)
+    return all_gather_last_dim(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ).contiguous()
+
+
+class SharedGather:
+    """One all-gather for the layers that read the same input (q, k and v; gate and up).
+
+    Each column-parallel layer asks for its input gathered; the first call gathers, the next ones
+    with the very same tensor get the same result, so the whole sequence is held (and saved for
+    backward) once, and its gradients are summed into one reduce-scatter, as Megatron's fused qkv.
+    """
+
+    def __init__(self) -> None:
+        self._input: weakref.ref[torch.Tensor] | None = None
+        self._output: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor, group: Group, algorithm: str) -> torch.Tensor:
+        if self._input is not None and self._input() is x and self._output is not None:
+            return self._output
+        out = all_gather_sequence(x, group, algorithm)
+        self._input, self._output = weakref.ref(x), out
+        return out
+
+    def clear(self) -> None:
+        self._input = self._output = None
 
 
 def reduce_scatter_sequence(x: torch.Tensor, group: Group = None, algorithm: str = "ring") -> torch.Tensor:
     """Partial sums [b, t, d] -> this rank's summed [b, t/tp, d]; backward all-gathers."""
     _check(x, group)
-    return reduce_scatter_last_dim(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ)
+    return reduce_scatter_last_dim(x.movedim(SEQ, -1), group, algorithm).movedim(-1, SEQ).contiguous()
