@@ -1,0 +1,57 @@
+"""Interleaved 1F1B as data: its order, the checker's verdicts, its replayed bubble, `ringtree show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ringtree.cli.app import app
+from ringtree.schedules.pipeline import build, interleaved, one_f_one_b, theoretical_bubble_fraction
+from ringtree.schedules.pipeline_verify import dry_run, peak_in_flight
+from ringtree.show.pipeline import timeline
+
+
+def test_two_stages_two_chunks_follow_megatrons_order() -> None:
+    s = interleaved(2, 4, 2)
+    assert s.describe(0) == "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3 S"
+    assert s.describe(1) == "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3 S"
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (2, 8, 2), (4, 8, 2), (4, 8, 3), (3, 6, 4), (4, 16, 2)])
+def test_every_dependency_is_met_without_deadlock_and_memory_is_bounded(p: int, m: int, v: int) -> None:
+    s = interleaved(p, m, v)
+    dry_run(s)  # raises DeadlockError or ValueError otherwise
+    for j in range(p):  # Megatron's warm-up plus one: units of 1/v of a stage's activations
+        assert peak_in_flight(s, j) == min(2 * (p - 1 - j) + (v - 1) * p + 1, m * v)
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 8, 2), (4, 8, 2), (4, 16, 4)])
+def test_replayed_bubble_is_the_theory_and_below_1f1b(p: int, m: int, v: int) -> None:
+    t = timeline("interleaved", p, m, v)
+    assert (
+        t.bubble_fraction == pytest.approx(theoretical_bubble_fraction(p, m, v)) == (p - 1) / (v * m + p - 1)
+    )
+    assert t.bubble_fraction < timeline("1f1b", p, m).bubble_fraction
+
+
+def test_one_chunk_is_1f1b_and_bad_shapes_are_refused() -> None:
+    assert interleaved(4, 8, 1).actions == one_f_one_b(4, 8).actions
+    with pytest.raises(ValueError, match="not a multiple of 2; use --micro-batches 6"):
+        interleaved(2, 5, 2)
+    with pytest.raises(ValueError, match="needs --schedule interleaved"):
+        build("1f1b", 2, 4, virtual_stages=2)
+
+
+def test_show_interleaved_prints_chunks_and_the_bubble(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    args = ["show", "interleaved", "--stages", "2", "--micro-batches", "8", "--virtual-stages", "2"]
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "F0.1" in result.output and "(p-1)/(v m+p-1) = 1/17 = 0.059" in result.output
+    data = json.loads(out.read_text())
+    assert data["virtual_stages"] == 2 and data["bubble_fraction"] == pytest.approx(1 / 17)
+    refused = CliRunner().invoke(app, ["show", "1f1b", "--virtual-stages", "2"])
+    assert refused.exit_code == 2 and "--virtual-stages 2 cuts each stage" in refused.output
