@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
+from ringtree.launch import spawn
+from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.schedules.pipeline import build, interleaved, one_f_one_b, theoretical_bubble_fraction
 from ringtree.schedules.pipeline_verify import dry_run, peak_in_flight
 from ringtree.show.pipeline import timeline
@@ -56,3 +62,44 @@ def test_show_interleaved_prints_chunks_and_the_bubble(tmp_path: Path) -> None:
     assert data["virtual_stages"] == 2 and data["bubble_fraction"] == pytest.approx(1 / 17)
     refused = CliRunner().invoke(app, ["show", "1f1b", "--virtual-stages", "2"])
     assert refused.exit_code == 2 and "--virtual-stages 2 cuts each stage" in " ".join(refused.output.split())
+
+
+# -- the runtime: 2 ranks, 2 chunks each, against the same model run plainly --------------------
+
+
+def _layers() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(4)))
+
+
+def _interleaved_grads(rank: int) -> dict[str, Any]:
+    model = _layers()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(3, 6, generator=g), torch.randint(0, 6, (3,), generator=g)) for _ in range(4)]
+    chunks = [model[rank], model[2 + rank]]  # virtual stages rank and 2 + rank
+    runner = InterleavedStage(chunks, rank, [0, 1], timeout_s=30)
+    out: dict[str, Any] = {}
+    for run in range(2):  # the second run posts its receives early (shapes known)
+        model.zero_grad()
+        result = runner.run(interleaved(2, 4, 2), batches)
+        out[f"losses{run}"] = result.losses
+    out["grads"] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    reference = _layers()
+    total = sum(len(y) for _, y in batches)
+    for x, y in batches:
+        (F.cross_entropy(reference(x), y) * len(y) / total).backward()  # type: ignore[no-untyped-call]
+    out["reference"] = {n: p.grad for n, p in reference.named_parameters()}
+    out["ref_losses"] = [float(F.cross_entropy(reference(x), y)) for x, y in batches]
+    return out
+
+
+def test_interleaved_runtime_gives_the_plain_models_gradients() -> None:
+    results = spawn(_interleaved_grads, 2, timeout_s=60)
+    last = results[1]  # rank 1 holds the last virtual stage: the losses
+    assert last["losses0"] == pytest.approx(last["ref_losses"], rel=1e-6)
+    assert last["losses1"] == pytest.approx(last["ref_losses"], rel=1e-6)
+    for rank, r in enumerate(results):
+        mine = {f"{k}.{n}" for k in (rank, 2 + rank) for n in ("0.weight", "0.bias")}
+        assert set(r["grads"]) == mine
+        for name in mine:
+            torch.testing.assert_close(r["grads"][name], r["reference"][name], rtol=1e-5, atol=1e-6)
