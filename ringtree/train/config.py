@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "overlap": True,
     "micro_batches": 4,
     "schedule": "1f1b",
+    "virtual_stages": 2,  # interleaved 1F1B: two chunks a stage halve the bubble (Megatron-LM)
     "pp_balance": "params",
     "distill_temperature": 2.0,  # softens the teacher's near one-hot outputs (Hinton et al.: 2 to 5)
     "distill_alpha": 0.5,
@@ -97,7 +98,12 @@ class TrainConfig:
     sequence_parallel: bool = _opt(False, "Split norms' tokens among the TP ranks (needs --tp, --model gpt).")
     pp: int = _opt(1, "Pipeline stages per model replica; 1: no pipeline.")
     micro_batches: int | None = _opt(None, "Micro-batches per pipeline run (needs --pp) [4].")
-    schedule: str | None = _opt(None, "gpipe, 1f1b, pipedream, pipedream-vs (needs --pp) [1f1b].")
+    schedule: str | None = _opt(
+        None, "gpipe, 1f1b, interleaved, pipedream, pipedream-vs (needs --pp) [1f1b]."
+    )
+    virtual_stages: int | None = _opt(
+        None, "Model chunks per pipeline stage (needs --schedule interleaved) [2]."
+    )
     pp_balance: str | None = _opt(None, "Cut stages by params or profiled time (needs --pp) [params].")
     checkpoint_activations: bool = _opt(False, "Recompute activations in backward (less memory).")
     checkpoint_segments: int = _opt(0, "Checkpointed segments; 0: about sqrt(blocks).")
@@ -159,8 +165,9 @@ def _check_values(cfg: TrainConfig) -> None:
     for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.micro_batches is not None and cfg.micro_batches < 1:
-        raise ValueError(f"micro_batches must be at least 1, got {cfg.micro_batches}")
+    for name in ("micro_batches", "virtual_stages"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
     for name in ("lr", "bucket_mb", "timeout_s"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -181,13 +188,18 @@ _NEEDS = (
     ("micro_batches", "pp", "--micro-batches needs --pp 2 or more; drop it or add --pp"),
     ("schedule", "pp", "--schedule needs --pp 2 or more; drop it or add --pp"),
     ("pp_balance", "pp", "--pp-balance needs --pp 2 or more; drop it or add --pp"),
+    ("virtual_stages", "interleaved", "--virtual-stages needs --schedule interleaved; drop it or add that"),
     ("distill_temperature", "teacher", "--distill-temperature needs --teacher; drop it or add --teacher"),
     ("distill_alpha", "teacher", "--distill-alpha needs --teacher; drop it or add --teacher"),
 )
 
 
 def _check_combinations(cfg: TrainConfig) -> None:
-    present = {"pp": cfg.pp > 1, "teacher": cfg.teacher is not None}
+    present = {
+        "pp": cfg.pp > 1,
+        "teacher": cfg.teacher is not None,
+        "interleaved": cfg.schedule == "interleaved",
+    }
     for name, needs, message in _NEEDS:
         if getattr(cfg, name) is not None and not present[needs]:
             raise ValueError(message)
@@ -217,6 +229,12 @@ def _check_combinations(cfg: TrainConfig) -> None:
     _check_tensor_parallel(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
+    if cfg.pp > 1 and cfg.schedule == "interleaved" and cfg.get("micro_batches") % cfg.pp:
+        m = cfg.get("micro_batches")
+        raise ValueError(
+            f"--schedule interleaved runs micro-batches in groups of the {cfg.pp} stages; "
+            f"--micro-batches {m} is not a multiple of {cfg.pp}: use {m + cfg.pp - m % cfg.pp}"
+        )
 
 
 def _check_tensor_parallel(cfg: TrainConfig) -> None:
@@ -365,8 +383,10 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("threads")
     if cfg.pp == 1:
         dropped |= {"micro_batches", "schedule", "pp_balance"}
-    elif cfg.get("schedule") not in SYNCHRONOUS:
-        out["overlap"] = False
+    if cfg.pp == 1 or cfg.schedule != "interleaved":
+        dropped.add("virtual_stages")
+    elif cfg.get("schedule") not in SYNCHRONOUS or cfg.schedule == "interleaved":
+        out["overlap"] = False  # pipedream and interleaved synchronize their gradients at the step
     if cfg.teacher is None:
         dropped |= {"distill_temperature", "distill_alpha"}
     if not cfg.checkpoint_activations:

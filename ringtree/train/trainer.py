@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh
 from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, tensor_parallel
@@ -42,7 +43,16 @@ from ringtree.train.factories import LossFn, make_datasets, make_loss, make_mode
 from ringtree.train.loss import TrainingLoss
 from ringtree.train.memory import ActivationMeter, peak_memory_mb
 from ringtree.train.metrics import Meter
-from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
+from ringtree.train.pipelining import (
+    ChunkDDPs,
+    Chunks,
+    Stage,
+    checkpointed,
+    cut,
+    gather_stages,
+    measured_bubble,
+    runs,
+)
 from ringtree.train.progress import ProgressBar
 from ringtree.train.stages import model_layers
 from ringtree.train.stragglers import StragglerMonitor
@@ -158,6 +168,17 @@ def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
                 f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
                 f"use --pp {len(layers)} or fewer"
             )
+        chunks = cfg.pp * _virtual_stages(cfg)
+        if chunks > len(layers):
+            raise ValueError(
+                f"--pp {cfg.pp} x --virtual-stages {_virtual_stages(cfg)} = {chunks} chunks, more than the "
+                f"{len(layers)} layers of the model; use fewer virtual stages"
+            )
+
+
+def _virtual_stages(cfg: TrainConfig) -> int:
+    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, else 1."""
+    return int(cfg.get("virtual_stages")) if cfg.schedule == "interleaved" else 1
 
 
 def _join_world(cfg: TrainConfig) -> bool:
@@ -195,10 +216,10 @@ def _device(cfg: TrainConfig) -> torch.device:
 class _Pipeline:
     """This rank's pipeline: all stages (sharing the model's parameters), its own, the runtime."""
 
-    stages: list[nn.Sequential]
-    stage: Stage
-    runner: PipelineStage
-    ddp: DistributedDataParallel | None
+    stages: list[nn.Sequential]  # interleaved: per rank, its chunks
+    stage: Stage | Chunks
+    runner: PipelineStage | InterleavedStage
+    ddp: DistributedDataParallel | ChunkDDPs | None
     schedule: str
     windows: list[list[float]] = field(default_factory=list)  # per run: [start, end, busy] (wall clock)
     peak_activation_bytes: int = 0
@@ -273,9 +294,33 @@ class _Run:
             self.model = self._ddp(body, bool(cfg.get("overlap")))
         return segments
 
+    def _build_interleaved(self, sample: torch.Tensor) -> int:
+        """Interleaved 1F1B: the model cut into pp x V chunks; this rank runs chunks c pp + pp_rank."""
+        cfg, mesh, v = self.cfg, self.mesh, _virtual_stages(self.cfg)
+        virtual = cut(model_layers(self.net), cfg.pp * v, cfg.get("pp_balance"), sample)
+        stages, ddps, segments = [], [], 0
+        for c in range(v):
+            body, chunk_segments = checkpointed(
+                virtual[c * cfg.pp + mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
+            )
+            segments = max(segments, chunk_segments)
+            ddp = self._ddp(body, False) if any(p.requires_grad for p in body.parameters()) else None
+            ddps += [ddp] if ddp is not None else []
+            stages.append(Stage(ddp if ddp is not None else body, self.amp.autocast))
+        runner = InterleavedStage(
+            stages, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss, device=self.device
+        )
+        per_rank = [nn.Sequential(*(virtual[c * cfg.pp + j] for c in range(v))) for j in range(cfg.pp)]
+        self.pipe = _Pipeline(
+            per_rank, Chunks(stages), runner, ChunkDDPs(ddps) if ddps else None, "interleaved"
+        )
+        return segments
+
     def _build_pipeline(self) -> int:
         cfg, mesh = self.cfg, self.mesh
         sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.batch_size)))[0].to(self.device)
+        if cfg.schedule == "interleaved":
+            return self._build_interleaved(sample)
         stages = cut(model_layers(self.net), cfg.pp, cfg.get("pp_balance"), sample)
         body, segments = checkpointed(
             stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
@@ -447,10 +492,14 @@ class _Run:
         samples = 0
         for k, micro in enumerate(unit):
             micro = [(self._to_device(x), self._to_device(y)) for x, y in micro]
+            if pipe.schedule == "interleaved":  # whole groups of pp micro-batches (a short last batch)
+                micro = micro[: len(micro) - len(micro) % self.cfg.pp] or micro[:0]
+                if not micro:
+                    continue
             samples += sum(len(y) for _, y in micro)
             if pipe.runner.is_last:
                 self.loss.prepare(x for x, _ in micro)
-            schedule = build(pipe.schedule, self.cfg.pp, len(micro))
+            schedule = build(pipe.schedule, self.cfg.pp, len(micro), _virtual_stages(self.cfg))
             pipe.micro_batches_per_run = max(pipe.micro_batches_per_run, len(micro))
             last = k == len(unit) - 1
             pipe.stage.arm(schedule, self.mesh.pp_rank, sync=last)
@@ -463,7 +512,7 @@ class _Run:
     def _pipeline_optimizer_step(self, pipe: _Pipeline, comm: list[float]) -> None:
         synchronous = pipe.schedule in SYNCHRONOUS
         if pipe.ddp is not None:
-            if not synchronous:
+            if not synchronous or isinstance(pipe.ddp, ChunkDDPs):  # explicit: no backward synchronized
                 pipe.ddp.sync_gradients()
             stats = pipe.ddp.last_sync
             comm[0] += stats.comm_time_s
@@ -669,7 +718,9 @@ class _Run:
         dist.all_gather(per_stage, peaks, group=group)
         return {
             "bubble_fraction": measured_bubble(torch.stack(every).cpu()),
-            "theoretical_bubble_fraction": theoretical_bubble_fraction(cfg.pp, pipe.micro_batches_per_run),
+            "theoretical_bubble_fraction": theoretical_bubble_fraction(
+                cfg.pp, pipe.micro_batches_per_run, _virtual_stages(cfg)
+            ),
             "peak_activation_bytes_per_stage": [int(t[0]) for t in per_stage],
             "weight_versions_per_stage": [int(t[1]) for t in per_stage],
         }
