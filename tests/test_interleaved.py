@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import TensorDataset
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
@@ -18,6 +19,7 @@ from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.schedules.pipeline import build, interleaved, one_f_one_b, theoretical_bubble_fraction
 from ringtree.schedules.pipeline_verify import dry_run, peak_in_flight
 from ringtree.show.pipeline import timeline
+from ringtree.train import TrainConfig, Trainer
 
 
 def test_two_stages_two_chunks_follow_megatrons_order() -> None:
@@ -103,3 +105,54 @@ def test_interleaved_runtime_gives_the_plain_models_gradients() -> None:
         assert set(r["grads"]) == mine
         for name in mine:
             torch.testing.assert_close(r["grads"][name], r["reference"][name], rtol=1e-5, atol=1e-6)
+
+
+# -- the trainer: interleaved steps to 1f1b's parameters ---------------------------------------
+
+
+def _train(rank: int) -> dict[str, Any]:
+    out = {}
+    for schedule in ("1f1b", "interleaved"):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(64, 6, generator=g)
+        data = TensorDataset(x, x[:, :3].argmax(dim=1))
+        cfg = TrainConfig(
+            pp=2,
+            schedule=schedule,
+            micro_batches=4,
+            batch_size=8,
+            epochs=1,
+            progress=False,
+            straggler_every=0,
+        )
+        out[schedule] = Trainer(_layers(), data, F.cross_entropy, cfg, test_dataset=data).fit()
+    return out
+
+
+def test_trainer_interleaved_trains_as_1f1b_does() -> None:
+    result = spawn(_train, 2, timeout_s=120)[0]
+    plain, chunked = result["1f1b"], result["interleaved"]
+    assert chunked["schedule"] == "interleaved" and chunked["virtual_stages"] == 2
+    assert "virtual_stages" not in plain
+    assert chunked["theoretical_bubble_fraction"] == pytest.approx(1 / 9)  # (p-1)/(v m+p-1), m = 4
+    assert chunked["steps"] == plain["steps"] == 2
+    for key in ("final_loss", "test_loss", "accuracy"):
+        assert chunked[key] == pytest.approx(plain[key], rel=1e-5), key
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pp": 2, "virtual_stages": 2}, "--virtual-stages needs --schedule interleaved"),
+        (
+            {"pp": 2, "schedule": "interleaved", "micro_batches": 3},
+            "--micro-batches 3 is not a multiple of 2",
+        ),
+    ],
+)
+def test_interleaved_options_are_refused_when_they_cannot_apply(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**options)
