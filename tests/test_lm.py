@@ -26,6 +26,7 @@ from ringtree.train.factories import cross_entropy
 from ringtree.train.gpt import GPT, GPTConfig
 from ringtree.train.language import IGNORE, LENGTH, SEP, baseline_accuracy, sort_task
 from ringtree.train.memory import ActivationMeter
+from ringtree.train.tensor_parallel import model_state
 
 MLP_PLAN = {"0": "colwise", "2": "rowwise"}
 GPT_SMALL = GPTConfig(dim=32, depth=2, heads=4, kv_heads=2, hidden=64)
@@ -165,6 +166,12 @@ def _world(rank: int) -> dict[str, Any]:
         type(m).__name__ for m in model.modules() if isinstance(m, ColumnParallelLinear | RowParallelLinear)
     ]
     out["q_shape"] = tuple(model.blocks[0].attn.q.weight.shape)
+    torch.manual_seed(1)
+    sharded, ids = GPT(), sort_task(2)[0]
+    parallelize(sharded, GPT.tp_plan, None, sequence_parallel=True)
+    dense = GPT()
+    dense.load_state_dict(model_state(sharded, "gpt"))  # what a checkpoint of `--model gpt --tp 2` holds
+    out["saved_dense_vs_tp"] = float((dense(ids) - sharded(ids)).abs().max())
     return out
 
 
@@ -193,6 +200,10 @@ def test_sequence_parallel_parameters_equal_plain_tp_after_5_steps(world: list[d
     for rank in world:
         assert rank["sp_vs_tp"] <= 1e-5
         assert rank["tp_vs_dense"] <= 1e-5  # and plain TP equals the dense model
+
+
+def test_a_tp_checkpoint_is_the_dense_gpt(world: list[dict[str, Any]]) -> None:
+    assert world[0]["saved_dense_vs_tp"] <= 1e-5
 
 
 def test_sequence_parallel_saves_fewer_activation_bytes(world: list[dict[str, Any]]) -> None:
