@@ -26,7 +26,9 @@ from ringtree.train.factories import cross_entropy
 from ringtree.train.gpt import GPT, GPTConfig
 from ringtree.train.language import IGNORE, LENGTH, SEP, baseline_accuracy, sort_task
 from ringtree.train.memory import ActivationMeter
+from ringtree.train.models import recipe
 from ringtree.train.tensor_parallel import model_state
+from ringtree.train.trainer import preflight
 
 MLP_PLAN = {"0": "colwise", "2": "rowwise"}
 GPT_SMALL = GPTConfig(dim=32, depth=2, heads=4, kv_heads=2, hidden=64)
@@ -101,6 +103,14 @@ def test_plan_naming_a_missing_module_or_an_indivisible_shape_is_refused() -> No
     with pytest.raises(ValueError, match=r"--tp 8 must divide the gpt's heads=4"):
         check_plan(GPT(), GPT.tp_plan, 8)
     assert check_plan(GPT(), GPT.tp_plan, 2)["blocks.3.mlp.down"] == "rowwise"
+
+
+def test_tied_gpt_refuses_a_pipeline_and_gpt_refuses_digits() -> None:
+    with pytest.raises(ValueError, match="cannot share their weight"):
+        preflight(TrainConfig(model="gpt-tied", dataset="sort", pp=2))
+    with pytest.raises(ValueError, match="reads token sequences, not digits; add --dataset sort"):
+        TrainConfig(model="gpt")
+    assert recipe("gpt")["dataset"] == "sort" and recipe("mlp") == {}
 
 
 def test_bad_tp_plan_file_exits_2_with_one_sentence(tmp_path: Path) -> None:
