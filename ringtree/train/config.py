@@ -383,10 +383,10 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("threads")
     if cfg.pp == 1:
         dropped |= {"micro_batches", "schedule", "pp_balance"}
-    if cfg.pp == 1 or cfg.schedule != "interleaved":
-        dropped.add("virtual_stages")
     elif cfg.get("schedule") not in SYNCHRONOUS or cfg.schedule == "interleaved":
         out["overlap"] = False  # pipedream and interleaved synchronize their gradients at the step
+    if cfg.pp == 1 or cfg.schedule != "interleaved":
+        dropped.add("virtual_stages")
     if cfg.teacher is None:
         dropped |= {"distill_temperature", "distill_alpha"}
     if not cfg.checkpoint_activations:
