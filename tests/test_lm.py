@@ -219,3 +219,31 @@ def test_a_tp_checkpoint_is_the_dense_gpt(world: list[dict[str, Any]]) -> None:
 def test_sequence_parallel_saves_fewer_activation_bytes(world: list[dict[str, Any]]) -> None:
     saved = world[0]["saved"]
     assert saved[True] < 0.9 * saved[False], saved  # norms and residuals hold half the tokens (0.86 here)
+
+
+def _composed(rank: int) -> dict[str, Any]:
+    """The gpt with TP 2 x PP 2, sequence parallel, interleaved, against plain DP 4 (8 sequences a step)."""
+    x, y = sort_task(24, length=4)
+    train, test = TensorDataset(x[:16], y[:16]), TensorDataset(x[16:], y[16:])
+    quiet = {"epochs": 1, "progress": False, "straggler_every": 0, "lr": 1e-2}
+    layouts = {
+        "plain": TrainConfig(batch_size=2, **quiet),
+        "composed": TrainConfig(
+            tp=2, pp=2, sequence_parallel=True, schedule="interleaved", micro_batches=2, batch_size=4, **quiet
+        ),
+    }
+    out = {}
+    for name, cfg in layouts.items():
+        torch.manual_seed(0)
+        out[name] = Trainer(GPT(GPT_SMALL), train, cross_entropy, cfg, test_dataset=test).fit()
+    return out
+
+
+def test_tp_pp_sequence_parallel_interleaved_trains_as_plain_dp() -> None:
+    result = spawn(_composed, 4, timeout_s=180)[0]
+    plain, composed = result["plain"], result["composed"]
+    assert (composed["tp"], composed["pp"], composed["dp"], plain["dp"]) == (2, 2, 1, 4)
+    assert composed["sequence_parallel"] is True and composed["virtual_stages"] == 2
+    assert composed["steps"] == plain["steps"] == 2
+    for key in ("final_loss", "test_loss"):
+        assert composed[key] == pytest.approx(plain[key], rel=1e-4), key
