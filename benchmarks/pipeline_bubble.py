@@ -214,8 +214,10 @@ def target_worker(rank: int, m: int, repeats: int, pin: bool = False) -> dict[st
     }
 
 
-def gpt_worker(rank: int, m: int, repeats: int, v: int) -> dict[str, Any]:
+def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> dict[str, Any]:
     """The gpt on the sort task in p stages, m micro-batches of 32: 1f1b against interleaved with v chunks."""
+    if pin:
+        _pin(rank)
     p = dist.get_world_size()
     torch.manual_seed(0)
     model = GPT()
@@ -262,7 +264,7 @@ def gpt_worker(rank: int, m: int, repeats: int, v: int) -> dict[str, Any]:
 
 def gpt(args: argparse.Namespace) -> dict[str, Any]:
     p, m, v = args.target_stages, args.target_micro_batches, args.virtual_stages
-    rows = spawn(gpt_worker, p, (m, args.repeats, v), timeout_s=600)[0]["gpt"]
+    rows = spawn(gpt_worker, p, (m, args.repeats, v, args.pin), timeout_s=600)[0]["gpt"]
     for r in rows:
         print(
             f"gpt {r['schedule']:>11} p={p} m={m} v={r['virtual_stages']}: measured bubble "
@@ -333,7 +335,8 @@ def main() -> None:
         "backend": "gloo",
     }
     if args.gpt:
-        out = {"environment": {**env, "world_size": args.target_stages, "loadavg": _loadavg()}, **gpt(args)}
+        where = {"world_size": args.target_stages, "pin": args.pin, "loadavg": _loadavg()}
+        out = {"environment": {**env, **where}, **gpt(args)}
         if args.json is not None:
             args.json.write_text(json.dumps(out, indent=1))
             print(f"wrote {args.json}")
