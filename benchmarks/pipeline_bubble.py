@@ -3,6 +3,11 @@
     .venv/bin/python benchmarks/pipeline_bubble.py --stages 2 4 --out docs
     .venv/bin/python benchmarks/pipeline_bubble.py --target-only --json bubble.json   # the vit target
     .venv/bin/python benchmarks/pipeline_bubble.py --target-only --pin --json bubble.json  # a core per stage
+    .venv/bin/python benchmarks/pipeline_bubble.py --gpt --virtual-stages 2 --json gpt.json  # interleaved
+
+The gpt rows run `--model gpt` (embedding, 4 blocks, head) on the sort task, 2 stages and 8
+micro-batches of 32 sequences, under 1f1b (the model cut in 2) and interleaved 1F1B (cut in
+2 x V chunks, rank j holding chunks j and 2 + j), each the median of --repeats runs.
 
 The target rows run the real `vit` cut into 2 stages with 8 micro-batches of 32 (what
 `ringtree train --model vit --pp 2 --micro-batches 8` runs) under gpipe and 1f1b, and report the
@@ -38,12 +43,16 @@ from torch import nn
 
 from ringtree.bench import environment
 from ringtree.launch import spawn
+from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import ActionSpan, MicroBatch, PipelineStage
 from ringtree.plots import plot_bubble, plot_gantt
-from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+from ringtree.schedules.pipeline import PipelineSchedule, build, theoretical_bubble_fraction
 from ringtree.sim.pipeline import StageCosts, replay_pipeline
 from ringtree.train import trace
+from ringtree.train.factories import cross_entropy
+from ringtree.train.gpt import GPT
+from ringtree.train.language import sort_task
 from ringtree.train.models import ViT
 from ringtree.train.stages import model_layers
 
@@ -172,6 +181,10 @@ def _gantt(
     return [{"stage": j, **vars(s)} for j, spans in enumerate(every) for s in spans]
 
 
+def _loadavg() -> str:
+    return Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else "n/a"
+
+
 def _pin(rank: int) -> int:
     """Bind every thread of this process (main, gloo's transport) to one core of those allowed."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -199,6 +212,67 @@ def target_worker(rank: int, m: int, repeats: int, pin: bool = False) -> dict[st
         "bubble": [r for r in rows if r is not None],
         "gantt": {n: _gantt(stage, n, m, batches) for n in ("gpipe", "1f1b")},
     }
+
+
+def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> dict[str, Any]:
+    """The gpt on the sort task in p stages, m micro-batches of 32: 1f1b against interleaved with v chunks."""
+    if pin:
+        _pin(rank)
+    p = dist.get_world_size()
+    torch.manual_seed(0)
+    model = GPT()
+    x, y = sort_task(32 * m)
+    batches = list(zip(x.split(32), y.split(32), strict=True))
+    one = PipelineStage(partition(model.layers(), p)[rank], rank, list(range(p)), loss_fn=cross_entropy)
+    chunks = partition(model.layers(), p * v)
+    mine = [chunks[c * p + rank] for c in range(v)]
+    chunked = InterleavedStage(mine, rank, list(range(p)), loss_fn=cross_entropy)
+    cases: list[tuple[PipelineStage | InterleavedStage, PipelineSchedule]] = [
+        (one, build("1f1b", p, m)),
+        (chunked, build("interleaved", p, m, v)),
+    ]
+    rows = []
+    for runner, schedule in cases:
+        runner.run(schedule, batches)  # warm-up: shapes recorded, receives posted early from now on
+        bubbles = []
+        for _ in range(repeats):
+            dist.barrier()
+            run = runner.run(schedule, batches)
+            offset = time.time() - time.perf_counter()
+            spans = [ActionSpan(s.kind, s.micro_batch, s.start + offset, s.end + offset) for s in run.spans]
+            every: list[Any] = [None] * p
+            dist.all_gather_object(every, spans)
+            bubbles.append(_analyse(every)[:2])
+        bubble, step = sorted(bubbles)[len(bubbles) // 2]
+        theory = theoretical_bubble_fraction(p, m, schedule.virtual_stages)
+        rows.append(
+            {
+                "model": "gpt",
+                "schedule": schedule.name,
+                "stages": p,
+                "micro_batches": m,
+                "virtual_stages": schedule.virtual_stages,
+                "bubble_fraction": bubble,
+                "bubbles": [b for b, _ in bubbles],
+                "theoretical_bubble_fraction": theory,
+                "excess": bubble - theory,
+                "step_time_s": step,
+            }
+        )
+    return {"gpt": rows}
+
+
+def gpt(args: argparse.Namespace) -> dict[str, Any]:
+    p, m, v = args.target_stages, args.target_micro_batches, args.virtual_stages
+    rows = spawn(gpt_worker, p, (m, args.repeats, v, args.pin), timeout_s=600)[0]["gpt"]
+    for r in rows:
+        print(
+            f"gpt {r['schedule']:>11} p={p} m={m} v={r['virtual_stages']}: measured bubble "
+            f"{r['bubble_fraction']:.3f} (median of {args.repeats}), "
+            f"theory {r['theoretical_bubble_fraction']:.3f}, "
+            f"excess {r['excess']:+.3f}, step {r['step_time_s'] * 1e3:.1f} ms"
+        )
+    return {"gpt": rows}
 
 
 def worker(rank: int, forward_s: float, repeats: int) -> dict[str, Any]:
@@ -238,6 +312,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("docs"))
     parser.add_argument("--target-only", action="store_true", help="only the vit rows (p=2, m=8)")
+    parser.add_argument(
+        "--gpt", action="store_true", help="only the gpt rows: 1f1b vs interleaved (p=2, m=8)"
+    )
+    parser.add_argument(
+        "--virtual-stages", type=int, default=2, help="chunks a stage of the gpt's interleaved row"
+    )
     parser.add_argument("--target-stages", type=int, default=2)
     parser.add_argument("--target-micro-batches", type=int, default=8)
     parser.add_argument(
@@ -254,6 +334,13 @@ def main() -> None:
         **environment(),
         "backend": "gloo",
     }
+    if args.gpt:
+        where = {"world_size": args.target_stages, "pin": args.pin, "loadavg": _loadavg()}
+        out = {"environment": {**env, **where}, **gpt(args)}
+        if args.json is not None:
+            args.json.write_text(json.dumps(out, indent=1))
+            print(f"wrote {args.json}")
+        return
     if args.target_only:
         out = {"environment": {**env, "world_size": args.target_stages, "pin": args.pin}, **target(args)}
         if args.json is not None:

@@ -22,6 +22,7 @@ CASES: list[tuple[list[str], str]] = [
     (["bench", "--device", "tpu"], "unknown device 'tpu'"),
     (["train", "--model", "vit", "--tp", "3", "--nproc", "4"], "does not divide the 4 ranks"),
     (["train", "--pp", "10", "--nproc", "10"], "more stages than the"),
+    (["train", "--tp", "2"], "--tp 2 needs a plan of which layers to split: MLP carries none"),
     (["train", "--model", "vit", "--pp", "5", "--nproc", "5"], "more stages than the"),
     (["train", "--mode", "dp", "--pp", "2"], "--mode dp steps the whole model on rank 0"),
     (["train", "--mode", "dp-threads", "--nproc", "2"], "use --nproc 1"),

@@ -41,9 +41,9 @@ def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
         ({"schedule": "gpipe"}, "--schedule needs --pp 2 or more"),
         ({"micro_batches": 8}, "--micro-batches needs --pp 2 or more"),
         ({"distill_alpha": 0.3}, "--distill-alpha needs --teacher"),
-        ({"tp": 2}, "--tp 2 shards the vit's transformer blocks; use --model vit"),
+        ({"tp_plan": {"0": "colwise"}}, "--tp-plan shards layers among --tp ranks; add --tp 2"),
         ({"pp": 2, "schedule": "pipedream", "accumulate": 2}, "cannot apply"),
-        ({"model": "nodots"}, "choose one of mlp, mlp-tiny, vit or pkg.mod:factory"),
+        ({"model": "nodots"}, "choose one of mlp, mlp-tiny, vit, gpt, gpt-tied or pkg.mod:factory"),
         ({"compression": "int8"}, "unknown compression 'int8'"),
         ({"batch_size": 0}, "--batch-size must be at least 1, got 0"),
         ({"lr": -1.0}, "--lr must be positive, got -1.0"),
@@ -89,6 +89,8 @@ def test_the_effective_configuration_leaves_out_what_had_no_effect() -> None:
     piped = effective(TrainConfig(pp=2))
     assert (piped["schedule"], piped["micro_batches"], piped["pp_balance"]) == ("1f1b", 4, "params")
     assert effective(TrainConfig(pp=2, schedule="pipedream"))["overlap"] is False
+    chunked = effective(TrainConfig(pp=2, schedule="interleaved"))
+    assert chunked["overlap"] is False and chunked["virtual_stages"] == 2 and "virtual_stages" not in piped
 
 
 def test_digits_split_is_fixed_and_disjoint() -> None:

@@ -40,6 +40,7 @@ def show(
     intra: str | None = typer.Option(None, help="Link inside a node with --nodes 2+ (default pcie-gen3)."),
     stages: int | None = typer.Option(None, help="Pipeline stages (pipelines; default 4)."),
     micro_batches: int | None = typer.Option(None, help="Micro-batches (pipelines; default 8)."),
+    virtual_stages: int | None = typer.Option(None, help="Model chunks per stage (interleaved; default 2)."),
     json_path: Path | None = typer.Option(None, "--json", help='Write {"steps": [...]} here.'),
     png: Path | None = typer.Option(
         None, help="Write a picture here (trees, holdings per step, or the timeline)."
@@ -63,15 +64,20 @@ def show(
         elif algorithm in PIPELINES:
             _refuse("a pipeline", collective=collective, ranks=ranks, nodes=nodes, bytes=nbytes, root=root,
                     link=link, intra=intra, animate=animate)  # fmt: skip
+            if virtual_stages is not None and algorithm != "interleaved":
+                raise ValueError(
+                    f"--virtual-stages {virtual_stages} cuts each stage into chunks for --schedule "
+                    f"interleaved, not {algorithm}; drop it or show interleaved"
+                )
             _show_pipeline(
                 algorithm,
-                4 if stages is None else stages,
-                8 if micro_batches is None else micro_batches,
+                (4 if stages is None else stages, 8 if micro_batches is None else micro_batches),
+                (2 if virtual_stages is None else virtual_stages) if algorithm == "interleaved" else 1,
                 json_path,
                 png,
             )
         else:
-            _refuse("a collective", stages=stages, micro_batches=micro_batches)
+            _refuse("a collective", stages=stages, micro_batches=micro_batches, virtual_stages=virtual_stages)
             _show_collective(
                 _collective_request(algorithm, collective, ranks, nodes, nbytes, root),
                 (link or "eth-10g", intra),
@@ -411,10 +417,12 @@ def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: P
         console.print(f"wrote {animate}", highlight=False)
 
 
-def _show_pipeline(name: str, p: int, m: int, json_path: Path | None, png: Path | None) -> None:
+def _show_pipeline(
+    name: str, shape: tuple[int, int], v: int, json_path: Path | None, png: Path | None
+) -> None:
     from ringtree.show.pipeline import timeline
 
-    t = timeline(name, p, m)
+    t = timeline(name, *shape, v)
     _print_timeline(t)
     if json_path is not None:
         write_json(json_path, _pipeline_json(t))
@@ -434,9 +442,11 @@ def _show_pipeline(name: str, p: int, m: int, json_path: Path | None, png: Path 
 
 def _pipeline_title(t: Any) -> str:
     s = t.schedule
+    chunks = f", {s.virtual_stages} chunks a stage" if s.virtual_stages > 1 else ""
+    unit = "a chunk's forward" if s.virtual_stages > 1 else "forward"
     return (
-        f"{s.name}: {s.stages} stages, {s.micro_batches} micro-batches "
-        "(forward 1 slot = 1 ms, backward 2, transfers free)"
+        f"{s.name}: {s.stages} stages, {s.micro_batches} micro-batches{chunks} "
+        f"({unit} 1 slot = 1 ms, backward 2, transfers free)"
     )
 
 
@@ -445,16 +455,20 @@ def _print_timeline(t: Any) -> None:
     from rich.text import Text
 
     s = t.schedule
-    width = len(str(s.micro_batches - 1)) + 1
+    width = len(str(s.micro_batches - 1)) + 1 + (2 if s.virtual_stages > 1 else 0)
     console.print("ringtree show " + _pipeline_title(t).replace(" = 1 ms", ""), highlight=False)
     styles = {"forward": "blue", "backward": "yellow", "idle": "dim"}
     for j, row in enumerate(t.slots):
         line = Text(f"stage {j}  ")
         for slot in row:
-            label = "·" * width if slot.op == "idle" else f"{slot.op[0].upper()}{slot.micro_batch}"
+            chunk = f".{slot.chunk}" if s.virtual_stages > 1 else ""
+            label = "·" * width if slot.op == "idle" else f"{slot.op[0].upper()}{slot.micro_batch}{chunk}"
             line.append(label.ljust(width), style=styles[slot.op])
         console.print(line, soft_wrap=True)
-    console.print("F forward, B backward (two slots), · idle", highlight=False)
+    legend = "F forward, B backward (two slots), · idle"
+    console.print(
+        legend + ("; F3.1: micro-batch 3, chunk 1" if s.virtual_stages > 1 else ""), highlight=False
+    )
     table = Table()
     for name in ("stage", "busy", "activations in flight (peak)", "weight versions (peak)"):
         table.add_column(name, justify="right")
@@ -462,10 +476,13 @@ def _print_timeline(t: Any) -> None:
         busy = sum(slot.op != "idle" for slot in row) / len(row)
         table.add_row(str(j), f"{busy:.0%}", str(t.in_flight()[j]), str(t.versions()[j]))
     console.print(table)
-    p, m = s.stages, s.micro_batches
+    p, m, v = s.stages, s.micro_batches, s.virtual_stages
+    formula = (
+        f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}" if v == 1 else f"(p-1)/(v m+p-1) = {p - 1}/{v * m + p - 1}"
+    )
     console.print(
         f"bubble fraction: {t.bubble_fraction:.3f} of stage time idle (replayed); "
-        f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {t.theoretical_bubble_fraction:.3f}",
+        f"{formula} = {t.theoretical_bubble_fraction:.3f}",
         highlight=False,
     )
     if s.name.startswith("pipedream"):
@@ -493,6 +510,7 @@ def _pipeline_json(t: Any) -> dict[str, Any]:
         "schedule": s.name,
         "stages": s.stages,
         "micro_batches": s.micro_batches,
+        "virtual_stages": s.virtual_stages,
         "bubble_fraction": t.bubble_fraction,
         "theoretical_bubble_fraction": t.theoretical_bubble_fraction,
         "activations_in_flight": t.in_flight(),

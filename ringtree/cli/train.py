@@ -14,6 +14,7 @@ import inspect
 import os
 import signal
 import typing
+from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -50,6 +51,8 @@ def _config_parameters() -> list[inspect.Parameter]:
     for f in fields(config.TrainConfig):
         flag = config.flag(f.name)
         kind = hints[f.name]
+        if Mapping in (typing.get_origin(a) for a in typing.get_args(kind)):
+            kind = str | None  # a mapping (--tp-plan) comes from a file on the command line
         switch = (bool in typing.get_args(kind) or kind is bool) and f.default is not False
         decls = [f"{flag}/--no-{flag[2:]}"] if switch else [flag]
         default = None if f.default is MISSING else f.default
@@ -82,6 +85,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     from ringtree.launch import under_torchrun
     from ringtree.train import TrainConfig
     from ringtree.train.config import check_world, load_file
+    from ringtree.train.models import recipe
     from ringtree.train.trainer import preflight
 
     given = {
@@ -91,7 +95,9 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     }
     try:
         from_file = load_file(config_file) if config_file is not None else {}
-        cfg = TrainConfig(**(from_file | given))
+        model = (from_file | given).get("model", TrainConfig.model)
+        dataset = recipe(model)[1].dataset  # a model's own data set (the gpt's sort task), unless named
+        cfg = TrainConfig(**({"dataset": dataset} if dataset else {}) | from_file | given)
         check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
         _check_restarts(cfg)
         preflight(cfg)

@@ -1,7 +1,8 @@
-"""Pipeline schedules as data: GPipe, 1F1B (PipeDream-Flush) and asynchronous PipeDream, per stage.
+"""Pipeline schedules as data: GPipe, 1F1B, interleaved 1F1B and asynchronous PipeDream, per stage.
 
 Indices, used the same way everywhere: p stages, m micro-batches, j stage, i micro-batch, v weight
-version (the number of optimizer steps a stage had taken when the version was current).
+version (the number of optimizer steps a stage had taken when the version was current), c model
+chunk of a stage and V chunks per stage (interleaved 1F1B: stage j holds virtual stages c p + j).
 
 A schedule is, for every stage, an ordered list of actions: forward of micro-batch i, backward of
 micro-batch i, optimizer step. The transfers follow from the actions: the forward of i on stage j
@@ -31,9 +32,13 @@ class Action:
     kind: Kind
     micro_batch: int = -1  # -1 for a step
     version: int = 0  # weights a forward/backward uses; for a step, the version it creates
+    chunk: int = 0  # the stage's model chunk c (interleaved 1F1B; 0 otherwise)
 
     def __str__(self) -> str:
-        return self.kind.value if self.kind is Kind.STEP else f"{self.kind.value}{self.micro_batch}"
+        if self.kind is Kind.STEP:
+            return str(self.kind.value)
+        chunk = f".{self.chunk}" if self.chunk else ""
+        return f"{self.kind.value}{self.micro_batch}{chunk}"
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class Transfer:
 
     what: str  # "activation" or "gradient"
     micro_batch: int
-    src: int
+    src: int  # virtual stages c p + j (the stage itself without interleaving)
     dst: int
 
 
@@ -54,25 +59,32 @@ class PipelineSchedule:
     stages: int
     micro_batches: int
     actions: tuple[tuple[Action, ...], ...]  # [stage j][k]
+    virtual_stages: int = 1  # V model chunks per stage (interleaved 1F1B)
 
     def describe(self, j: int) -> str:
         """Stage j's actions as text, e.g. 'F0 F1 B0 B1 S'."""
         return " ".join(str(a) for a in self.actions[j])
 
+    def virtual(self, j: int, a: Action) -> int:
+        """The virtual stage c p + j that action a of stage j runs (j itself without interleaving)."""
+        return a.chunk * self.stages + j
+
     def recv_of(self, j: int, a: Action) -> Transfer | None:
         """What stage j must receive before it can run action a (None: nothing)."""
-        if a.kind is Kind.FORWARD and j > 0:
-            return Transfer("activation", a.micro_batch, j - 1, j)
-        if a.kind is Kind.BACKWARD and j < self.stages - 1:
-            return Transfer("gradient", a.micro_batch, j + 1, j)
+        s, last = self.virtual(j, a), self.stages * self.virtual_stages - 1
+        if a.kind is Kind.FORWARD and s > 0:
+            return Transfer("activation", a.micro_batch, s - 1, s)
+        if a.kind is Kind.BACKWARD and s < last:
+            return Transfer("gradient", a.micro_batch, s + 1, s)
         return None
 
     def send_of(self, j: int, a: Action) -> Transfer | None:
         """What stage j sends once action a is done (None: nothing)."""
-        if a.kind is Kind.FORWARD and j < self.stages - 1:
-            return Transfer("activation", a.micro_batch, j, j + 1)
-        if a.kind is Kind.BACKWARD and j > 0:
-            return Transfer("gradient", a.micro_batch, j, j - 1)
+        s, last = self.virtual(j, a), self.stages * self.virtual_stages - 1
+        if a.kind is Kind.FORWARD and s < last:
+            return Transfer("activation", a.micro_batch, s, s + 1)
+        if a.kind is Kind.BACKWARD and s > 0:
+            return Transfer("gradient", a.micro_batch, s, s - 1)
         return None
 
 
@@ -118,6 +130,51 @@ def one_f_one_b(p: int, m: int) -> PipelineSchedule:
     return PipelineSchedule("1f1b", p, m, stages)
 
 
+def interleaved(p: int, m: int, v: int = 2) -> PipelineSchedule:
+    """Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021): stage j holds chunks c = 0..v-1, the
+    virtual stages c p + j, so a micro-batch passes every stage v times; one synchronous step.
+
+    Stage j's order over its m v (chunk, micro-batch) units: forwards go by groups of p micro-batches,
+    chunk 0 then 1 ... then the next group; backwards the same with the chunks reversed. Warm-up:
+    2 (p - 1 - j) + (v - 1) p forwards, then one forward / one backward, then the drain. m must be a
+    multiple of p (each group of p micro-batches fills the p stages).
+    """
+    _check(p, m)
+    if v < 1:
+        raise ValueError(f"--virtual-stages must be at least 1, got {v}")
+    if m % p:
+        raise ValueError(
+            f"interleaved 1F1B runs micro-batches in groups of the {p} stages, and {m} is not a multiple "
+            f"of {p}; use --micro-batches {m + p - m % p}"
+        )
+    stages = tuple((*_interleaved_stage(p, m, v, j), Action(Kind.STEP, version=1)) for j in range(p))
+    return PipelineSchedule("interleaved", p, m, stages, virtual_stages=v)
+
+
+def _interleaved_unit(p: int, v: int, k: int, forward: bool) -> tuple[int, int]:
+    """(micro-batch i, chunk c) of stage j's k-th forward (or backward) unit."""
+    c = (k // p) % v
+    return (k // (p * v)) * p + k % p, c if forward else v - 1 - c
+
+
+def _interleaved_stage(p: int, m: int, v: int, j: int) -> list[Action]:
+    total = m * v
+    w = min(2 * (p - 1 - j) + (v - 1) * p if v > 1 else p - 1 - j, total)  # v = 1: plain 1F1B
+
+    def f(k: int) -> Action:
+        i, c = _interleaved_unit(p, v, k, True)
+        return Action(Kind.FORWARD, i, chunk=c)
+
+    def b(k: int) -> Action:
+        i, c = _interleaved_unit(p, v, k, False)
+        return Action(Kind.BACKWARD, i, chunk=c)
+
+    actions = [f(k) for k in range(w)]
+    for k in range(total - w):
+        actions += [f(k + w), b(k)]
+    return actions + [b(k) for k in range(total - w, total)]
+
+
 def pipedream(p: int, m: int, vertical_sync: bool = False) -> PipelineSchedule:
     """Asynchronous 1F1B without a flush: a step after every backward, weights stashed per micro-batch.
 
@@ -150,16 +207,23 @@ def _pipedream_stage(p: int, m: int, j: int, vertical_sync: bool) -> tuple[Actio
 SCHEDULES: dict[str, Callable[[int, int], PipelineSchedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
+    "interleaved": interleaved,  # build(..., virtual_stages=V) picks V (2 by default)
     "pipedream": pipedream,
     "pipedream-vs": lambda p, m: pipedream(p, m, vertical_sync=True),
 }
-SYNCHRONOUS = ("gpipe", "1f1b")
+SYNCHRONOUS = ("gpipe", "1f1b", "interleaved")
 
 
-def build(name: str, p: int, m: int) -> PipelineSchedule:
-    """The schedule called `name` for p stages and m micro-batches."""
+def build(name: str, p: int, m: int, virtual_stages: int = 1) -> PipelineSchedule:
+    """The schedule called `name` for p stages and m micro-batches (V chunks a stage: interleaved)."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if name == "interleaved":
+        return interleaved(p, m, virtual_stages)
+    if virtual_stages != 1:
+        raise ValueError(
+            f"--virtual-stages {virtual_stages} needs --schedule interleaved; drop it or add that"
+        )
     return SCHEDULES[name](p, m)
 
 
@@ -173,7 +237,8 @@ def check_pipeline(p: int, m: int, schedule: str, balance: str) -> None:
         raise ValueError(f"unknown --pp-balance {balance!r}; choose params or time")
 
 
-def theoretical_bubble_fraction(p: int, m: int) -> float:
-    """GPipe's bubble: (p-1)/(m+p-1) of every stage's time is idle (equal stages, free transfers)."""
+def theoretical_bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """GPipe's bubble: (p-1)/(m+p-1) of every stage's time is idle (equal stages, free transfers);
+    interleaved with v chunks a stage: each fill step is a chunk, 1/v of a stage, so (p-1)/(v m+p-1)."""
     _check(p, m)
-    return (p - 1) / (m + p - 1)
+    return (p - 1) / (v * m + p - 1)

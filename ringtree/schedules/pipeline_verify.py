@@ -15,21 +15,23 @@ class DeadlockError(RuntimeError):
 
 
 def check_actions(s: PipelineSchedule) -> None:
-    """Every stage runs the forward and the backward of every micro-batch once, forward first."""
+    """Every stage runs the forward and the backward of every micro-batch once per chunk, forward first."""
+    every = [(c, i) for c in range(s.virtual_stages) for i in range(s.micro_batches)]
     for j, actions in enumerate(s.actions):
-        forwards = [a.micro_batch for a in actions if a.kind is Kind.FORWARD]
-        backwards = [a.micro_batch for a in actions if a.kind is Kind.BACKWARD]
-        if sorted(forwards) != list(range(s.micro_batches)) or sorted(backwards) != sorted(forwards):
+        forwards = [(a.chunk, a.micro_batch) for a in actions if a.kind is Kind.FORWARD]
+        backwards = [(a.chunk, a.micro_batch) for a in actions if a.kind is Kind.BACKWARD]
+        if sorted(forwards) != every or sorted(backwards) != every:
             raise ValueError(
-                f"stage {j}: forwards {forwards} and backwards {backwards} must each be 0..m-1 once"
+                f"stage {j}: forwards {forwards} and backwards {backwards} must each be 0..m-1 once "
+                f"for each of the {s.virtual_stages} chunk(s)"
             )
-        for i in forwards:
-            if _position(actions, Kind.BACKWARD, i) < _position(actions, Kind.FORWARD, i):
+        for c, i in forwards:
+            if _position(actions, Kind.BACKWARD, i, c) < _position(actions, Kind.FORWARD, i, c):
                 raise ValueError(f"stage {j}: the backward of micro-batch {i} comes before its forward")
 
 
-def _position(actions: tuple[Action, ...], kind: Kind, i: int) -> int:
-    return next(k for k, a in enumerate(actions) if a.kind is kind and a.micro_batch == i)
+def _position(actions: tuple[Action, ...], kind: Kind, i: int, c: int = 0) -> int:
+    return next(k for k, a in enumerate(actions) if a.kind is kind and a.micro_batch == i and a.chunk == c)
 
 
 def dry_run(s: PipelineSchedule) -> int:
@@ -79,7 +81,8 @@ def _advance(
 
 
 def peak_in_flight(s: PipelineSchedule, j: int) -> int:
-    """Most micro-batches whose forward stage j has run and whose backward it has not (activations kept)."""
+    """Most micro-batches whose forward stage j has run and whose backward it has not (activations kept;
+    interleaved: (chunk, micro-batch) units, each a chunk's activations, 1/V of a stage's)."""
     alive = peak = 0
     for a in s.actions[j]:
         alive += {Kind.FORWARD: 1, Kind.BACKWARD: -1, Kind.STEP: 0}[a.kind]
@@ -89,12 +92,12 @@ def peak_in_flight(s: PipelineSchedule, j: int) -> int:
 
 def peak_versions(s: PipelineSchedule, j: int) -> int:
     """Most weight versions stage j holds at once: the current one and those stashed in flight."""
-    current, stashed, peak = 0, {}, 1
+    current, stashed, peak = 0, dict[tuple[int, int], int](), 1
     for a in s.actions[j]:
         if a.kind is Kind.FORWARD:
-            stashed[a.micro_batch] = a.version
+            stashed[(a.chunk, a.micro_batch)] = a.version
         elif a.kind is Kind.BACKWARD:
-            del stashed[a.micro_batch]
+            del stashed[(a.chunk, a.micro_batch)]
         else:
             current = a.version
         peak = max(peak, len({current, *stashed.values()}))

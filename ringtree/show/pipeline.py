@@ -26,6 +26,7 @@ class Slot:
     op: str
     micro_batch: int = -1
     version: int = 0
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Timeline:
 
     @property
     def theoretical_bubble_fraction(self) -> float:
-        return theoretical_bubble_fraction(self.schedule.stages, self.schedule.micro_batches)
+        s = self.schedule
+        return theoretical_bubble_fraction(s.stages, s.micro_batches, s.virtual_stages)
 
     def in_flight(self) -> list[int]:
         """Per stage, the most micro-batches whose activations it keeps for their backward."""
@@ -64,21 +66,24 @@ class Timeline:
         return out
 
 
-def timeline(name: str, p: int, m: int) -> Timeline:
-    """The schedule called `name` for p stages and m micro-batches, on the slot clock."""
+def timeline(name: str, p: int, m: int, v: int = 1) -> Timeline:
+    """The schedule called `name` for p stages and m micro-batches (v chunks a stage), on the slot
+    clock: a forward of one chunk takes one slot, its backward two."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     if not 1 <= p <= 64 or not 1 <= m <= 256:
         raise ValueError(f"--stages must be 1..64 and --micro-batches 1..256, got {p} and {m}")
-    s = build(name, p, m)
-    replay = replay_pipeline(s, StageCosts.uniform(p, float(FORWARD_SLOTS), float(BACKWARD_SLOTS)))
+    if not 1 <= v <= 16:
+        raise ValueError(f"--virtual-stages must be 1..16, got {v}")
+    s = build(name, p, m, v)
+    replay = replay_pipeline(s, StageCosts.uniform(p, float(FORWARD_SLOTS * v), float(BACKWARD_SLOTS * v)))
     versions = {(j, a.micro_batch, a.kind): a.version for j, acts in enumerate(s.actions) for a in acts}
     slots = [[Slot("idle")] * round(replay.step_time_s) for _ in range(p)]
     for span in replay.spans:
         if span.kind == "step":
             continue
         kind = Kind.FORWARD if span.kind == "forward" else Kind.BACKWARD
-        slot = Slot(span.kind, span.micro_batch, versions[(span.stage, span.micro_batch, kind)])
+        slot = Slot(span.kind, span.micro_batch, versions[(span.stage, span.micro_batch, kind)], span.chunk)
         for k in range(round(span.start), round(span.end)):
             slots[span.stage][k] = slot
     return Timeline(s, replay, tuple(tuple(row) for row in slots))
@@ -94,6 +99,8 @@ def to_json(t: Timeline) -> list[dict[str, Any]]:
             entry: dict[str, Any] = {"stage": j, "op": slot.op}
             if slot.op != "idle":
                 entry |= {"micro_batch": slot.micro_batch, "version": slot.version}
+                if t.schedule.virtual_stages > 1:
+                    entry["chunk"] = slot.chunk
             stages.append(entry)
         out.append({"step": k, "stages": stages})
     return out
@@ -106,7 +113,7 @@ def gantt_spans(t: Timeline, with_versions: bool) -> list[dict[str, Any]]:
         if s.kind == "step":
             continue
         kind = Kind.FORWARD if s.kind == "forward" else Kind.BACKWARD
-        label: int | str = s.micro_batch
+        label: int | str = s.micro_batch if t.schedule.virtual_stages == 1 else f"{s.micro_batch}.{s.chunk}"
         if with_versions:
             v = next(
                 a.version

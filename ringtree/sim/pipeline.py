@@ -52,6 +52,7 @@ class Span:
     micro_batch: int
     start: float
     end: float
+    chunk: int = 0  # the stage's model chunk (interleaved 1F1B)
 
 
 @dataclass
@@ -70,7 +71,8 @@ class PipelineReplay:
 
 
 def replay_pipeline(s: PipelineSchedule, costs: StageCosts, link: Link | None = None) -> PipelineReplay:
-    """The schedule's step on the given costs; link None: transfers are free."""
+    """The schedule's step on the given costs; link None: transfers are free. Interleaved: a chunk's
+    forward or backward takes 1/V of the stage's (the stage's layers are cut into V chunks)."""
     if len(costs.forward_s) != s.stages:
         raise ValueError(f"the schedule has {s.stages} stages but costs are given for {len(costs.forward_s)}")
     arrived: dict[tuple[str, int, int], float] = {}  # (what, dst, i) -> arrival time
@@ -82,12 +84,13 @@ def replay_pipeline(s: PipelineSchedule, costs: StageCosts, link: Link | None = 
             while done[j] < len(s.actions[j]):
                 a = s.actions[j][done[j]]
                 need = s.recv_of(j, a)
-                key = None if need is None else (need.what, j, need.micro_batch)
+                key = None if need is None else (need.what, need.dst, need.micro_batch)
                 if key is not None and key not in arrived:
                     break
                 start = max(free[j], 0.0 if key is None else arrived[key])
-                free[j] = start + costs.duration(j, a)
-                spans.append(Span(j, _KINDS[a.kind], a.micro_batch, start, free[j]))
+                share = 1.0 if a.kind is Kind.STEP else 1.0 / s.virtual_stages
+                free[j] = start + costs.duration(j, a) * share
+                spans.append(Span(j, _KINDS[a.kind], a.micro_batch, start, free[j], a.chunk))
                 _send(s, j, a, free[j], costs.activation_bytes, link, arrived, channel_free)
                 done[j], moved = done[j] + 1, True
         if not moved:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,11 @@ from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
 # Nothing here imports torch at module level: the CLI derives its options from this module, and
 # `ringtree plan` must start without loading torch.
 
-MODELS = ("mlp", "mlp-tiny", "vit")  # or pkg.mod:factory
-DATASETS = ("digits",)  # or pkg.mod:factory
+MODELS = ("mlp", "mlp-tiny", "vit", "gpt", "gpt-tied")  # or pkg.mod:factory
+DATASETS = ("digits", "sort")  # or pkg.mod:factory
 LOSSES = ("cross_entropy", "mse")  # or pkg.mod:factory
 MODES = ("ddp", "dp", "dp-threads", "dp-threads-balanced")
+LANGUAGE_MODELS = ("gpt", "gpt-tied")  # they read token ids [b, t] and predict every next token
 THREAD_MODES = ("dp-threads", "dp-threads-balanced")  # one process, torch's DataParallel (the seeds)
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("fp16", "bf16")
@@ -42,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "overlap": True,
     "micro_batches": 4,
     "schedule": "1f1b",
+    "virtual_stages": 2,  # interleaved 1F1B: two chunks a stage halve the bubble (Megatron-LM)
     "pp_balance": "params",
     "distill_temperature": 2.0,  # softens the teacher's near one-hot outputs (Hinton et al.: 2 to 5)
     "distill_alpha": 0.5,
@@ -114,8 +116,10 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
 class TrainConfig:
     """What `ringtree train` trains and how; the defaults reach >= 95% digits accuracy in about a minute."""
 
-    model: str = _opt("mlp", "mlp, mlp-tiny, vit, or pkg.mod:factory returning an nn.Module.")
-    dataset: str = _opt("digits", "digits, or pkg.mod:factory returning a Dataset or (train, test).")
+    model: str = _opt("mlp", "mlp, mlp-tiny, vit, gpt, gpt-tied, or pkg.mod:factory returning an nn.Module.")
+    dataset: str = _opt(
+        "digits", "digits, sort (token sequences), or pkg.mod:factory returning a Dataset or (train, test)."
+    )
     loss: str = _opt("cross_entropy", "cross_entropy, mse, or pkg.mod:factory returning a loss module.")
     device: str = _opt("auto", "auto (CUDA when present), cpu or cuda.")
     mode: str = _opt(
@@ -143,10 +147,21 @@ class TrainConfig:
     timeout_s: float | None = _opt(None, "Seconds before a stuck collective raises [60].", "--timeout")
     progress: bool = _opt(True, "Show rank 0's progress bar.")
     log_every: int = _opt(10, "Optimizer steps between reads of the loss (one host sync each).")
-    tp: int = _opt(1, "Tensor-parallel ranks per vit replica; 1: none.")
+    tp: int = _opt(1, "Tensor-parallel ranks per model replica; 1: none.")
+    tp_plan: Mapping[str, str] | str | None = _opt(
+        None,
+        "YAML/JSON file (or, in the library, a dict) mapping module names to colwise or rowwise "
+        "(needs --tp) [the model's own plan].",
+    )
+    sequence_parallel: bool = _opt(False, "Split norms' tokens among the TP ranks (needs --tp, --model gpt).")
     pp: int = _opt(1, "Pipeline stages per model replica; 1: no pipeline.")
     micro_batches: int | None = _opt(None, "Micro-batches per pipeline run (needs --pp) [4].")
-    schedule: str | None = _opt(None, "gpipe, 1f1b, pipedream, pipedream-vs (needs --pp) [1f1b].")
+    schedule: str | None = _opt(
+        None, "gpipe, 1f1b, interleaved, pipedream, pipedream-vs (needs --pp) [1f1b]."
+    )
+    virtual_stages: int | None = _opt(
+        None, "Model chunks per pipeline stage (needs --schedule interleaved) [2]."
+    )
     pp_balance: str | None = _opt(None, "Cut stages by params or profiled time (needs --pp) [params].")
     checkpoint_activations: bool = _opt(False, "Recompute activations in backward (less memory).")
     checkpoint_segments: int = _opt(0, "Checkpointed segments; 0: about sqrt(blocks).")
@@ -220,8 +235,9 @@ def _check_values(cfg: TrainConfig) -> None:
     for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.micro_batches is not None and cfg.micro_batches < 1:
-        raise ValueError(f"--micro-batches must be at least 1, got {cfg.micro_batches}")
+    for name in ("micro_batches", "virtual_stages"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
     for name in ("lr", "bucket_mb", "timeout_s"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
@@ -244,13 +260,18 @@ _NEEDS = (
     ("micro_batches", "pp", "--micro-batches needs --pp 2 or more; drop it or add --pp"),
     ("schedule", "pp", "--schedule needs --pp 2 or more; drop it or add --pp"),
     ("pp_balance", "pp", "--pp-balance needs --pp 2 or more; drop it or add --pp"),
+    ("virtual_stages", "interleaved", "--virtual-stages needs --schedule interleaved; drop it or add that"),
     ("distill_temperature", "teacher", "--distill-temperature needs --teacher; drop it or add --teacher"),
     ("distill_alpha", "teacher", "--distill-alpha needs --teacher; drop it or add --teacher"),
 )
 
 
 def _check_combinations(cfg: TrainConfig) -> None:
-    present = {"pp": cfg.pp > 1, "teacher": cfg.teacher is not None}
+    present = {
+        "pp": cfg.pp > 1,
+        "teacher": cfg.teacher is not None,
+        "interleaved": cfg.schedule == "interleaved",
+    }
     for name, needs, message in _NEEDS:
         neutral = name == "micro_batches" and cfg.micro_batches == 1  # one micro-batch: no pipeline
         if getattr(cfg, name) is not None and not present[needs] and not neutral:
@@ -280,10 +301,27 @@ def _check_combinations(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--threads {cfg.threads} sets the devices of --mode dp-threads; drop it or add that mode"
         )
-    if cfg.tp > 1 and cfg.model != "vit":
-        raise ValueError(f"--tp {cfg.tp} shards the vit's transformer blocks; use --model vit or --tp 1")
+    _check_tensor_parallel(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
+    if cfg.pp > 1 and cfg.schedule == "interleaved" and cfg.get("micro_batches") % cfg.pp:
+        m = cfg.get("micro_batches")
+        raise ValueError(
+            f"--schedule interleaved runs micro-batches in groups of the {cfg.pp} stages; "
+            f"--micro-batches {m} is not a multiple of {cfg.pp}: use {m + cfg.pp - m % cfg.pp}"
+        )
+
+
+def _check_tensor_parallel(cfg: TrainConfig) -> None:
+    """--tp-plan and --sequence-parallel mean something only with --tp; gpt reads token sequences."""
+    if cfg.tp_plan is not None and cfg.tp == 1:
+        raise ValueError("--tp-plan shards layers among --tp ranks; add --tp 2 or more, or drop --tp-plan")
+    if cfg.sequence_parallel and cfg.tp == 1:
+        raise ValueError("--sequence-parallel splits tokens among --tp ranks; add --tp 2 or more, or drop it")
+    if cfg.tp_plan is not None and not isinstance(cfg.tp_plan, str | Mapping):
+        raise ValueError(f"tp_plan must be a file name or a dict, got {type(cfg.tp_plan).__name__}")
+    if cfg.model in LANGUAGE_MODELS and cfg.dataset == "digits":
+        raise ValueError(f"--model {cfg.model} reads token sequences, not digits; add --dataset sort")
 
 
 def _bucket_options(cfg: TrainConfig) -> list[tuple[str, Any]]:
@@ -341,6 +379,11 @@ def _check_zero(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--schedule {cfg.schedule} computes gradients on stashed weight copies, which --zero "
             f"{cfg.zero} does not hold; use --schedule gpipe or 1f1b, or --zero 0"
+        )
+    if cfg.pp > 1 and cfg.schedule == "interleaved":
+        raise ValueError(
+            f"--schedule interleaved synchronizes one DDP per chunk, which --zero {cfg.zero} does not "
+            "shard yet; use --schedule gpipe or 1f1b with --zero, or --zero 0 with interleaved"
         )
 
 
@@ -451,8 +494,10 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("threads")
     if cfg.pp == 1:
         dropped |= {"micro_batches", "schedule", "pp_balance"}
-    elif cfg.get("schedule") not in SYNCHRONOUS:
-        out["overlap"] = False
+    elif cfg.get("schedule") not in SYNCHRONOUS or cfg.schedule == "interleaved":
+        out["overlap"] = False  # pipedream and interleaved synchronize their gradients at the step
+    if cfg.pp == 1 or cfg.schedule != "interleaved":
+        dropped.add("virtual_stages")
     if cfg.zero:
         dropped |= {"compression", "overlap"}  # refused with --zero: ShardedDataParallel has neither
     if cfg.teacher is None:
@@ -461,6 +506,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("checkpoint_segments")
     if cfg.checkpoint_dir is None:
         dropped |= {"checkpoint_every", "resume", "keep_checkpoints"}
+    if cfg.tp == 1:
+        dropped |= {"tp_plan", "sequence_parallel"}
     return {k: v for k, v in out.items() if k not in dropped}
 
 

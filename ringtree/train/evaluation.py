@@ -1,4 +1,4 @@
-"""Evaluation on a held-out split: mean loss, and accuracy when the targets are class indices."""
+"""Evaluation on a held-out split: mean loss, and accuracy when the targets are class (or token) indices."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+IGNORE = -100  # a target the loss and the accuracy skip (F.cross_entropy's ignore_index)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -22,7 +23,7 @@ def evaluate(
     net.eval()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
-    n, classes = 0, True
+    n, classes, tokens = 0, True, 0  # tokens: scored next tokens (sequence targets), else 0
     for x, y in DataLoader(test_set, batch_size=batch):
         out = net(x.to(device)).float()
         y = y.to(device)
@@ -30,9 +31,13 @@ def evaluate(
         n += len(y)
         if out.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
             correct += (out.argmax(dim=1) == y).sum()
+        elif out.dim() == y.dim() + 1 and not y.is_floating_point():  # next tokens: [b, t, V] and [b, t]
+            scored = y != IGNORE
+            correct += ((out.argmax(dim=-1) == y) & scored).sum()
+            tokens += int(scored.sum())
         else:
             classes = False
     net.train()
     if not n:
         return None, None
-    return (float(correct) / n if classes else None), float(loss_sum) / n
+    return (float(correct) / (tokens or n) if classes else None), float(loss_sum) / n

@@ -12,10 +12,20 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ringtree.train.data import digits
+from ringtree.train.language import sort_datasets
 from ringtree.train.models import build_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-BUILTIN_LOSSES: dict[str, LossFn] = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss}
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """torch's cross entropy; for sequences ([b, t, V] logits, [b, t] ids) over every token not ignored."""
+    if output.dim() == target.dim() + 1 and output.dim() > 2:
+        return F.cross_entropy(output.flatten(0, -2), target.flatten())
+    return F.cross_entropy(output, target)
+
+
+BUILTIN_LOSSES: dict[str, LossFn] = {"cross_entropy": cross_entropy, "mse": F.mse_loss}
 
 
 def call_factory(spec: str, option: str) -> Any:
@@ -46,6 +56,8 @@ def make_datasets(name: str) -> tuple[Dataset[Any], Dataset[Any] | None]:
     """(train, test or None): the digits split, or a factory's Dataset or (train, test) pair."""
     if name == "digits":
         return digits()
+    if name == "sort":
+        return sort_datasets()
     made = call_factory(name, "--dataset")
     if isinstance(made, tuple) and len(made) == 2:
         return made[0], made[1]

@@ -1,9 +1,12 @@
-"""Memory you can see: the model state a rank holds, counted from its tensors, and its peak."""
+"""Memory you can see: the model state a rank holds, counted from its tensors, its peak, and the
+activations autograd saves for backward (what sequence parallelism and recompute shrink)."""
 
 from __future__ import annotations
 
 import resource
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -44,10 +47,49 @@ def peak_bytes(device: torch.device) -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
-def fullest_rank_mb(model_state: int, device: torch.device) -> dict[str, float]:
-    """model_state_mb and peak_memory_mb of the fullest rank (one all-reduce, every rank calls it)."""
-    mine = torch.tensor([float(model_state), float(peak_bytes(device))], dtype=torch.float64, device=device)
+def fullest_rank_mb(model_state: int, activations: int, device: torch.device) -> dict[str, float]:
+    """model_state_mb, peak_memory_mb and activation_memory_mb of the fullest rank (one all-reduce,
+    every rank calls it)."""
+    mine = torch.tensor(
+        [float(model_state), float(peak_bytes(device)), float(activations)],
+        dtype=torch.float64,
+        device=device,
+    )
     if dist.is_initialized():
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    state, peak = mine.tolist()
-    return {"model_state_mb": state / MB, "peak_memory_mb": peak / MB}
+    state, peak, saved = mine.tolist()
+    return {"model_state_mb": state / MB, "peak_memory_mb": peak / MB, "activation_memory_mb": saved / MB}
+
+
+class ActivationMeter:
+    """The most bytes of activations saved for backward by one forward (`with meter.forward():`).
+
+    Counts the distinct storages autograd saves (weights excluded, as the pipeline runtime counts a
+    stage's), over the first `samples` forwards only: shapes repeat, and the hook costs a Python call
+    per saved tensor, which a training step should not pay for ever.
+    """
+
+    def __init__(self, net: nn.Module, samples: int = 4) -> None:
+        self.net, self.peak_bytes, self.left = net, 0, samples
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        if self.left <= 0:
+            yield
+            return
+        self.left -= 1
+        weights = {p.untyped_storage().data_ptr() for p in self.net.parameters()}
+        seen: set[int] = set()
+        total = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in weights and ptr not in seen:
+                seen.add(ptr)
+                total += t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.peak_bytes = max(self.peak_bytes, total)

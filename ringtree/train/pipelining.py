@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
+from ringtree.parallel.ddp import SyncStats
 from ringtree.parallel.pipeline.partition import balance, param_costs, split, time_costs
 from ringtree.parallel.pipeline.runtime import MicroBatch
 from ringtree.schedules.pipeline import SYNCHRONOUS, Kind, PipelineSchedule
@@ -47,10 +48,12 @@ class Stage(nn.Module):
         self.body, self.autocast = body, autocast  # body: the stage's module, or DDP around it
         self._calls, self._sync_at = 0, -1
 
-    def arm(self, schedule: PipelineSchedule, stage: int, sync: bool) -> None:
+    def arm(self, schedule: PipelineSchedule, stage: int, sync: bool, chunk: int = 0) -> None:
         """Count this run's forwards from 0; mark the micro-batch whose backward comes last."""
         self._calls = 0
-        backwards = [a.micro_batch for a in schedule.actions[stage] if a.kind is Kind.BACKWARD]
+        backwards = [
+            a.micro_batch for a in schedule.actions[stage] if a.kind is Kind.BACKWARD and a.chunk == chunk
+        ]
         self._sync_at = backwards[-1] if sync and schedule.name in SYNCHRONOUS and backwards else -1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +68,42 @@ class Stage(nn.Module):
         if i == self._sync_at:  # synchronous schedules run forwards in micro-batch order
             out = _SyncBeforeBackward.apply(out, ddp)  # type: ignore[no-untyped-call]
         return out
+
+
+class Chunks(nn.Module):
+    """Interleaved 1F1B: this rank's chunks, each a Stage (in DDP without overlap: the step
+    synchronizes them one after another, see ChunkDDPs, so no two DDPs talk on the group at once)."""
+
+    def __init__(self, stages: list[Stage]) -> None:
+        super().__init__()
+        self.chunks = nn.ModuleList(stages)
+
+    def arm(self, schedule: PipelineSchedule, stage: int, sync: bool) -> None:
+        for c, chunk in enumerate(self.chunks):
+            assert isinstance(chunk, Stage)
+            chunk.arm(schedule, stage, sync=False, chunk=c)
+
+
+class ChunkDDPs:
+    """The DDPs of a rank's chunks, synchronized in chunk order; their costs added up."""
+
+    def __init__(self, ddps: list[DistributedDataParallel]) -> None:
+        self.ddps = ddps
+        self.last_sync = SyncStats()
+
+    def sync_gradients(self) -> None:
+        for ddp in self.ddps:
+            ddp.sync_gradients()
+        stats = [d.last_sync for d in self.ddps]
+        self.last_sync = SyncStats(
+            sum(s.comm_time_s for s in stats),
+            sum(s.exposed_s for s in stats),
+            [span for s in stats for span in s.spans],
+        )
+
+    def close(self) -> None:
+        for ddp in self.ddps:
+            ddp.close()
 
 
 class _Layers(nn.Module):

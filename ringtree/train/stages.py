@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ringtree.train.gpt import GPT
 from ringtree.train.models import MLP, ViT
 
 
@@ -38,4 +39,6 @@ def model_layers(model: nn.Module) -> list[nn.Module]:
         return list(model.layers)
     if isinstance(model, ViT):
         return [Tokens(model), *model.blocks, Head(model)]
-    raise TypeError(f"cannot cut a {type(model).__name__} into stages; pass an nn.Sequential, MLP or ViT")
+    if isinstance(model, GPT):
+        return model.layers()
+    raise TypeError(f"cannot cut a {type(model).__name__} into stages; pass an nn.Sequential, MLP, ViT, GPT")

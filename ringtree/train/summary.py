@@ -32,6 +32,7 @@ METRIC_KEYS = (
     "stragglers",  # ranks whose own work was persistently slower than the median rank's
     "skipped_steps",
     "checkpoint_segments",
+    "activation_memory_mb",  # the most activation bytes a rank saved for backward at once (MiB)
     "distilled_from",
 )
 THREAD_KEYS = (  # --mode dp-threads: the last step's work per device, and max / mean of it

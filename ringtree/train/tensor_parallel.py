@@ -12,10 +12,51 @@ from ringtree.parallel.tensor import (
     copy_from_dense,
     copy_to_dense,
     gather_optimizer_state,
+    parallelize_blocks,
     shard_optimizer_state,
 )
 from ringtree.parallel.tensor.layers import _ParallelLinear
-from ringtree.train.models import build_model
+from ringtree.parallel.tensor.plan import check_plan, load_plan, parallelize
+from ringtree.train.config import TrainConfig
+from ringtree.train.factories import make_model
+
+
+def plan_of(net: nn.Module, cfg: TrainConfig) -> dict[str, str] | None:
+    """The TP plan in effect: --tp-plan (a file, or a dict in the library), else the model's own."""
+    if isinstance(cfg.tp_plan, str):
+        return load_plan(cfg.tp_plan)
+    if cfg.tp_plan is not None:
+        return dict(cfg.tp_plan)
+    own = getattr(net, "tp_plan", None)
+    return dict(own) if isinstance(own, dict) else None
+
+
+def check(net: nn.Module, cfg: TrainConfig) -> None:
+    """ValueError, before training, for a model --tp cannot shard as the config asks."""
+    if cfg.tp == 1:
+        return
+    plan = plan_of(net, cfg)
+    if plan is not None:
+        check_plan(net, plan, cfg.tp)
+    elif not isinstance(getattr(net, "blocks", None), nn.ModuleList):
+        raise ValueError(
+            f"--tp {cfg.tp} needs a plan of which layers to split: {type(net).__name__} carries none; "
+            "pass --tp-plan FILE.yaml (module: colwise|rowwise) or use --tp 1"
+        )
+    if cfg.sequence_parallel and (plan is None or not hasattr(net, "enable_sequence_parallel")):
+        raise ValueError(
+            f"--sequence-parallel needs a model that marks where its sequence is split, which "
+            f"{type(net).__name__} does not; use --model gpt or drop --sequence-parallel"
+        )
+
+
+def shard(net: nn.Module, cfg: TrainConfig, group: dist.ProcessGroup | None) -> None:
+    """Replace the layers TP splits by this rank's shards: by the plan, else the vit's blocks."""
+    plan = plan_of(net, cfg)
+    if plan is None:
+        parallelize_blocks(net.blocks, group, cfg.algorithm)  # type: ignore[arg-type]
+        return
+    parallelize(net, plan, group, cfg.algorithm, sequence_parallel=cfg.sequence_parallel)
 
 
 def is_parallel(net: nn.Module) -> bool:
@@ -26,7 +67,7 @@ def model_state(net: nn.Module, name: str) -> dict[str, torch.Tensor]:
     """The dense model's state_dict (gathered from the shards: collective, call on every rank)."""
     if not is_parallel(net):
         return net.state_dict()
-    dense = build_model(name)
+    dense = make_model(name)
     copy_to_dense(net, dense)
     return dense.state_dict()
 
@@ -50,7 +91,7 @@ def load(net: nn.Module, optimizer: torch.optim.Optimizer, name: str, state: dic
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         return
-    dense = build_model(name)
+    dense = make_model(name)
     dense.load_state_dict(state["model"])
     copy_from_dense(net, dense)
     optimizer.load_state_dict(shard_optimizer_state(net, state["optimizer"]))

@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
 from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
-from ringtree.parallel.tensor import parallelize_blocks
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, interrupt, memory, sharded_checkpoint, tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
@@ -41,7 +41,16 @@ from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.loss import TrainingLoss
 from ringtree.train.metrics import Meter
-from ringtree.train.pipelining import Stage, checkpointed, cut, gather_stages, measured_bubble, runs
+from ringtree.train.pipelining import (
+    ChunkDDPs,
+    Chunks,
+    Stage,
+    checkpointed,
+    cut,
+    gather_stages,
+    measured_bubble,
+    runs,
+)
 from ringtree.train.progress import ProgressBar
 from ringtree.train.stages import model_layers
 from ringtree.train.stragglers import StragglerMonitor
@@ -143,8 +152,12 @@ def preflight(cfg: TrainConfig) -> None:
 
 def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
     """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
-    if cfg.tp > 1 and not isinstance(getattr(net, "blocks", None), nn.ModuleList):
-        raise ValueError(f"--tp {cfg.tp} shards a vit's `blocks`; {type(net).__name__} has none; use --tp 1")
+    tensor_parallel.check(net, cfg)
+    if cfg.pp > 1 and getattr(getattr(net, "cfg", None), "tied", False):
+        raise ValueError(
+            "--pp puts the embedding and the output head on different stages, so they cannot share "
+            "their weight; use --model gpt (untied) with --pp"
+        )
     if cfg.pp > 1:
         try:
             layers = model_layers(net if not isinstance(net, nn.ModuleList) else nn.Sequential(*net))
@@ -155,6 +168,17 @@ def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
                 f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
                 f"use --pp {len(layers)} or fewer"
             )
+        chunks = cfg.pp * _virtual_stages(cfg)
+        if chunks > len(layers):
+            raise ValueError(
+                f"--pp {cfg.pp} x --virtual-stages {_virtual_stages(cfg)} = {chunks} chunks, more than the "
+                f"{len(layers)} layers of the model; use fewer virtual stages"
+            )
+
+
+def _virtual_stages(cfg: TrainConfig) -> int:
+    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, else 1."""
+    return int(cfg.get("virtual_stages")) if cfg.schedule == "interleaved" else 1
 
 
 def _join_world(cfg: TrainConfig) -> bool:
@@ -192,10 +216,10 @@ def _device(cfg: TrainConfig) -> torch.device:
 class _Pipeline:
     """This rank's pipeline: all stages (sharing the model's parameters), its own, the runtime."""
 
-    stages: list[nn.Sequential]
-    stage: Stage
-    runner: PipelineStage
-    ddp: DataParallel | None
+    stages: list[nn.Sequential]  # interleaved: per rank, its chunks
+    stage: Stage | Chunks
+    runner: PipelineStage | InterleavedStage
+    ddp: DataParallel | ChunkDDPs | None
     schedule: str
     windows: list[list[float]] = field(default_factory=list)  # per run: [start, end, busy] (wall clock)
     peak_activation_bytes: int = 0
@@ -216,7 +240,7 @@ class _Run:
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
         if cfg.tp > 1:  # the shards are made on the host, then moved with the rest
-            parallelize_blocks(self.net.blocks, self.mesh.tp_group, cfg.algorithm)  # type: ignore[arg-type]
+            tensor_parallel.shard(self.net, cfg, self.mesh.tp_group)
         self.net.to(self.device)
         self.amp = MixedPrecision(cfg.amp, self.device.type)
         teacher = None
@@ -225,6 +249,7 @@ class _Run:
         self.loss = TrainingLoss(trainer.loss_fn, cfg, teacher, self.amp)
         self.recorder = Recorder(self.rank, enabled=trainer.trace)
         self.meter = Meter()
+        self.activations = memory.ActivationMeter(self.net)
         self.model: DataParallel | MasterDataParallel | None = None
         self.pipe: _Pipeline | None = None
         self.threaded: ThreadedDataParallel | None = None
@@ -289,9 +314,36 @@ class _Run:
         sharded = self._sharded()
         return list(self.net.parameters()) if sharded is None else sharded.shard_parameters()
 
+    def _build_interleaved(self, sample: torch.Tensor) -> int:
+        """Interleaved 1F1B: the model cut into pp x V chunks; this rank runs chunks c pp + pp_rank."""
+        cfg, mesh, v = self.cfg, self.mesh, _virtual_stages(self.cfg)
+        virtual = cut(model_layers(self.net), cfg.pp * v, cfg.get("pp_balance"), sample)
+        stages, ddps, segments = [], [], 0
+        for c in range(v):
+            body, chunk_segments = checkpointed(
+                virtual[c * cfg.pp + mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
+            )
+            segments = max(segments, chunk_segments)
+            ddp = None
+            if any(p.requires_grad for p in body.parameters()):
+                ddp = self._ddp(body, False)
+                assert isinstance(ddp, DistributedDataParallel)  # the config refuses --zero here
+                ddps.append(ddp)
+            stages.append(Stage(ddp if ddp is not None else body, self.amp.autocast))
+        runner = InterleavedStage(
+            stages, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss, device=self.device
+        )
+        per_rank = [nn.Sequential(*(virtual[c * cfg.pp + j] for c in range(v))) for j in range(cfg.pp)]
+        self.pipe = _Pipeline(
+            per_rank, Chunks(stages), runner, ChunkDDPs(ddps) if ddps else None, "interleaved"
+        )
+        return segments
+
     def _build_pipeline(self) -> int:
         cfg, mesh = self.cfg, self.mesh
         sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.get("batch_size"))))[0].to(self.device)
+        if cfg.schedule == "interleaved":
+            return self._build_interleaved(sample)
         stages = cut(model_layers(self.net), cfg.pp, cfg.get("pp_balance"), sample)
         body, segments = checkpointed(
             stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
@@ -452,9 +504,10 @@ class _Run:
         for i, (x, y) in enumerate(batches):
             sync: AbstractContextManager[None] = nullcontext() if i == len(batches) - 1 else model.no_sync()
             with sync:
-                with self.recorder.span("forward", micro_batch=i), self.amp.autocast():
-                    out = model(x)
-                loss = self.loss(out, y) * (len(y) / total)  # the mean over the step's samples
+                with self.activations.forward():
+                    with self.recorder.span("forward", micro_batch=i), self.amp.autocast():
+                        out = model(x)
+                    loss = self.loss(out, y) * (len(y) / total)  # the mean over the step's samples
                 with self.recorder.span("backward", micro_batch=i):
                     loss.backward()  # type: ignore[no-untyped-call]
         with self.recorder.span("optimizer", step=self.step):
@@ -469,10 +522,14 @@ class _Run:
         samples = 0
         for k, micro in enumerate(unit):
             micro = [(self._to_device(x), self._to_device(y)) for x, y in micro]
+            if pipe.schedule == "interleaved":  # whole groups of pp micro-batches (a short last batch)
+                micro = micro[: len(micro) - len(micro) % self.cfg.pp] or micro[:0]
+                if not micro:
+                    continue
             samples += sum(len(y) for _, y in micro)
             if pipe.runner.is_last:
                 self.loss.prepare(x for x, _ in micro)
-            schedule = build(pipe.schedule, self.cfg.pp, len(micro))
+            schedule = build(pipe.schedule, self.cfg.pp, len(micro), _virtual_stages(self.cfg))
             pipe.micro_batches_per_run = max(pipe.micro_batches_per_run, len(micro))
             last = k == len(unit) - 1
             pipe.stage.arm(schedule, self.mesh.pp_rank, sync=last)
@@ -485,7 +542,7 @@ class _Run:
     def _pipeline_optimizer_step(self, pipe: _Pipeline, comm: list[float]) -> None:
         synchronous = pipe.schedule in SYNCHRONOUS
         if pipe.ddp is not None:
-            if not synchronous:
+            if not synchronous or isinstance(pipe.ddp, ChunkDDPs):  # explicit: no backward synchronized
                 pipe.ddp.sync_gradients()
             stats = pipe.ddp.last_sync
             comm[0] += stats.comm_time_s
@@ -683,9 +740,9 @@ class _Run:
             "restarts": restart_count(),
             "stragglers": [] if self.stragglers is None else self.stragglers.summary(),
             "skipped_steps": self.amp.skipped_steps,
-            "checkpoint_segments": int(segments.item()),
+            "checkpoint_segments": int(segments[0].item()),
             "distilled_from": cfg.teacher,
-            **memory.fullest_rank_mb(self.model_state_bytes, self.device),
+            **memory.fullest_rank_mb(self.model_state_bytes, self._activation_bytes(), self.device),
         }
         if self.pipe is not None:
             metrics |= self._pipeline_metrics(self.pipe)
@@ -697,6 +754,10 @@ class _Run:
                 "device_imbalance": stats.get("imbalance"),
             }
         return build_summary(metrics, cfg, self.t.names)
+
+    def _activation_bytes(self) -> int:
+        """The most activation bytes this rank saved for backward at once (its stage's under --pp)."""
+        return self.activations.peak_bytes if self.pipe is None else self.pipe.peak_activation_bytes
 
     def _losses(self) -> tuple[float | None, float | None]:
         """(last epoch's mean, last step's mean) training loss over every replica: one host read."""
@@ -728,7 +789,9 @@ class _Run:
         dist.all_gather(per_stage, peaks, group=group)
         return {
             "bubble_fraction": measured_bubble(torch.stack(every).cpu()),
-            "theoretical_bubble_fraction": theoretical_bubble_fraction(cfg.pp, pipe.micro_batches_per_run),
+            "theoretical_bubble_fraction": theoretical_bubble_fraction(
+                cfg.pp, pipe.micro_batches_per_run, _virtual_stages(cfg)
+            ),
             "peak_activation_bytes_per_stage": [int(t[0]) for t in per_stage],
             "weight_versions_per_stage": [int(t[1]) for t in per_stage],
         }

@@ -118,6 +118,13 @@ class _Execution:
         self.out = StageRun()
 
     def run(self) -> StageRun:
+        self.begin()
+        for a in self.s.actions[self.st.stage]:
+            self.act(a)
+        return self.end()
+
+    def begin(self) -> None:
+        """Post the run's receives (interleaved 1F1B: each chunk's, before any chunk acts)."""
         j = self.st.stage
         receives = [self.s.recv_of(j, a) for a in self.s.actions[j]]
         sends = [self.s.send_of(j, a) for a in self.s.actions[j]]
@@ -126,8 +133,12 @@ class _Execution:
             [(t.what, t.micro_batch) for t in sends if t is not None],
             self.s.name,
         )
-        for a in self.s.actions[j]:
-            {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}[a.kind](a)
+
+    def act(self, a: Action) -> None:
+        {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}[a.kind](a)
+
+    def end(self) -> StageRun:
+        """Wait for the run's sends; the losses read once."""
         self.ex.finish()
         if self.losses:
             self.out.losses = [float(v) for v in torch.stack(self.losses).tolist()]

@@ -25,6 +25,7 @@ from ringtree.parallel.tensor.ops import (
     tp_rank,
     tp_size,
 )
+from ringtree.parallel.tensor.sequence import SharedGather, reduce_scatter_sequence
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class _ParallelLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.group, self.algorithm = group, algorithm
         self.tp, self.tp_rank = tp_size(group), tp_rank(group)
+        self.sequence_parallel = False  # True: the input (column) or output (row) is split along tokens
 
     def shards(self) -> dict[str, Shard | None]:
         """Each parameter's cut, None for a replicated one (what checkpoints gather and split)."""
@@ -144,6 +146,7 @@ class ColumnParallelLinear(_ParallelLinear):
                 f"gather_output=True needs stride=1 (got stride={stride}): the gather is rank-major"
             )
         self.gather_output = gather_output
+        self.shared_gather = SharedGather()  # sequence parallel: one gather per input (set by the plan)
         self.weight_shard, self.bias_shard = Shard(0, stride), Shard(0, stride)
         self._init(out_features // self.tp, in_features, out_features // self.tp if bias else None)
 
@@ -163,7 +166,10 @@ class ColumnParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp_region(x, self.group, self.algorithm)  # f: all-reduce of the input's gradient
+        if self.sequence_parallel:  # [b, t/tp, in] -> [b, t, in]; backward reduce-scatters
+            x = self.shared_gather(x, self.group, self.algorithm)
+        else:
+            x = copy_to_tp_region(x, self.group, self.algorithm)  # f: all-reduce of the input's gradient
         y = F.linear(x, self.weight, self.bias)  # [..., out / tp]
         return gather_from_tp_region(y, self.group, self.algorithm) if self.gather_output else y
 
@@ -207,7 +213,10 @@ class RowParallelLinear(_ParallelLinear):
         if not self.input_is_parallel:
             x = scatter_to_tp_region(x, self.group, self.algorithm)  # [..., in / tp]
         partial = F.linear(x, self.weight)  # [..., out]: this rank's share of the sum
-        y = reduce_from_tp_region(partial, self.group, self.algorithm)  # g: sum over the group
+        if self.sequence_parallel:  # [b, t, out] partial -> [b, t/tp, out] summed
+            y = reduce_scatter_sequence(partial, self.group, self.algorithm)
+        else:
+            y = reduce_from_tp_region(partial, self.group, self.algorithm)  # g: sum over the group
         return y if self.bias is None else y + self.bias
 
 

@@ -1,0 +1,150 @@
+"""The runtime of interleaved 1F1B: one rank runs V model chunks, the virtual stages c p + j.
+
+Each chunk is a PipelineStage of a pipeline of p V virtual stages whose ranks are the real ones
+repeated V times (virtual stage s runs on rank s mod p), so its transfers go to the ranks of
+virtual stages s - 1 and s + 1, the last rank's chunk c feeding rank 0's chunk c + 1. Two chunks
+of a rank may talk to the same neighbour rank, so each link s -> s + 1 keeps its messages apart:
+micro-batch i travels under key i + s LINK_KEYS (tags, shared-memory keys) and its own header tag.
+The rank then runs its schedule's actions in the interleaved order, each on its chunk's stage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ringtree.comm.errors import CollectiveError
+from ringtree.parallel.pipeline.exchange import HEADER_TAG, Aborted, Exchange, Shape
+from ringtree.parallel.pipeline.runtime import (
+    ActionSpan,
+    LossFn,
+    MicroBatch,
+    PipelineStage,
+    StageRun,
+    _Execution,
+)
+from ringtree.schedules.pipeline import Kind, PipelineSchedule
+
+LINK_KEYS = 1 << 12  # micro-batch keys per link: runs of up to 4096 micro-batches
+
+
+class LinkExchange(Exchange):
+    """An Exchange whose micro-batch keys and header tags are those of its links (s-1, s) and (s, s+1)."""
+
+    def _link(self, what: str, sending: bool) -> int:
+        return min(self.stage, self.peer(what, sending))
+
+    def _key(self, what: str, i: int, sending: bool) -> int:
+        return i + LINK_KEYS * self._link(what, sending)
+
+    def start(self, receives: list[tuple[str, int]], sends: list[tuple[str, int]], context: str) -> None:
+        super().start(
+            [(w, self._key(w, i, False)) for w, i in receives],
+            [(w, self._key(w, i, True)) for w, i in sends],
+            context,
+        )
+
+    def expect(self, what: str, i: int, shape: Shape) -> None:
+        super().expect(what, self._key(what, i, False), shape)
+
+    def send(self, what: str, i: int, t: torch.Tensor) -> None:
+        super().send(what, self._key(what, i, True), t)
+
+    def recv(self, what: str, i: int) -> torch.Tensor:
+        return super().recv(what, self._key(what, i, False))
+
+    def _isend(self, t: torch.Tensor, what: str, tag: int) -> torch.distributed.Work:
+        return super()._isend(t, what, self._tag(what, tag, True))
+
+    def _irecv(self, buf: torch.Tensor, what: str, tag: int) -> torch.distributed.Work:
+        return super()._irecv(buf, what, self._tag(what, tag, False))
+
+    def _tag(self, what: str, tag: int, sending: bool) -> int:
+        """A header tag of this link's own (below the data tags; data tags already differ by key)."""
+        if tag != HEADER_TAG[what]:
+            return tag
+        return HEADER_TAG["activation"] - 2 * (1 + self._link(what, sending)) + int(what == "gradient")
+
+
+class InterleavedStage:
+    """Rank `stage` of a p-rank pipeline holding chunks[c], the virtual stage c p + stage."""
+
+    def __init__(
+        self,
+        chunks: Sequence[nn.Module],
+        stage: int,
+        ranks: Sequence[int],
+        timeout_s: float = 60.0,
+        *,
+        loss_fn: LossFn = F.cross_entropy,
+        device: torch.device | None = None,
+    ) -> None:
+        p, v = len(ranks), len(chunks)
+        virtual = list(ranks) * v  # virtual stage s runs on rank s mod p
+        self.stage, self.p, self.v = stage, p, v
+        self.chunks = [
+            PipelineStage(chunk, c * p + stage, virtual, timeout_s, loss_fn=loss_fn, device=device)
+            for c, chunk in enumerate(chunks)
+        ]
+        for st in self.chunks:
+            st.exchange = LinkExchange(st.stage, virtual, st.device, timeout_s)
+        self.is_first, self.is_last = stage == 0, stage == p - 1
+
+    def run(
+        self,
+        schedule: PipelineSchedule,
+        micro_batches: Sequence[MicroBatch],
+        step: Callable[[], None] = lambda: None,
+    ) -> StageRun:
+        """Run this rank's interleaved actions, each on its chunk; `step` once, at the step action."""
+        if (schedule.stages, schedule.virtual_stages) != (self.p, self.v):
+            raise ValueError(
+                f"schedule for {schedule.stages} stages x {schedule.virtual_stages} chunks, but this "
+                f"pipeline has {self.p} stages x {self.v} chunks"
+            )
+        flat = _flat(schedule)
+        runs = [_Execution(st, flat, micro_batches, step) for st in self.chunks]
+        try:
+            return self._play(schedule, runs, step)
+        except Aborted as e:
+            for st in self.chunks:
+                st.exchange.abort(e.failed, came_from=e.came_from)
+            raise CollectiveError(str(e), peer=self.chunks[0].ranks[e.failed]) from None
+        except BaseException:
+            for st in self.chunks:
+                st.exchange.abort(st.stage, came_from=None)
+            raise
+
+    def _play(self, schedule: PipelineSchedule, runs: list[_Execution], step: Callable[[], None]) -> StageRun:
+        for r in runs:
+            r.begin()
+        out = StageRun()
+        for a in schedule.actions[self.stage]:
+            if a.kind is Kind.STEP:
+                start = time.perf_counter()
+                step()
+                out.spans.append(ActionSpan("step", -1, start, time.perf_counter()))
+            else:
+                runs[a.chunk].act(replace(a, chunk=0))
+        for r in runs:
+            done = r.end()
+            out.losses += done.losses
+            out.spans += done.spans
+            out.peak_activation_bytes += done.peak_activation_bytes  # each chunk's peak: an upper bound
+        out.spans.sort(key=lambda s: s.start)
+        return out
+
+
+def _flat(s: PipelineSchedule) -> PipelineSchedule:
+    """The same run as a plain pipeline of p V stages: virtual stage c p + j's actions, no step."""
+    actions = [
+        tuple(replace(a, chunk=0) for a in s.actions[j] if a.kind is not Kind.STEP and a.chunk == c)
+        for c in range(s.virtual_stages)
+        for j in range(s.stages)
+    ]
+    return PipelineSchedule(s.name, s.stages * s.virtual_stages, s.micro_batches, tuple(actions))
