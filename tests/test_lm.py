@@ -108,7 +108,7 @@ def test_plan_naming_a_missing_module_or_an_indivisible_shape_is_refused() -> No
 def test_tied_gpt_refuses_a_pipeline_and_gpt_refuses_digits() -> None:
     with pytest.raises(ValueError, match="cannot share their weight"):
         preflight(TrainConfig(model="gpt-tied", dataset="sort", pp=2))
-    with pytest.raises(ValueError, match="reads token sequences, not digits; add --dataset sort"):
+    with pytest.raises(ValueError, match="reads token sequences, not digits; add dataset=sort"):
         TrainConfig(model="gpt")
     assert recipe("gpt")[1].dataset == "sort" and recipe("mlp")[1].dataset is None
 

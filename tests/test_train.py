@@ -60,7 +60,7 @@ def test_config_errors_name_the_value(changes: dict[str, Any], words: str) -> No
     ("changes", "words"),
     [
         ({"micro_batches": 8}, "micro_batches needs pp=2 or more; drop it or add pp"),
-        ({"tp": 2}, "tp=2 shards the vit's transformer blocks; use model=vit or tp=1"),
+        ({"tp_plan": {"0": "colwise"}}, "tp_plan shards layers among tp ranks; add tp=2 or more, or drop tp_plan"),
         ({"mode": "dp", "overlap": False}, "overlap: options of DDP's buckets, which mode=dp does not have"),
         ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
         ({"timeout_s": -1.0}, "timeout_s must be positive"),
@@ -245,7 +245,7 @@ def test_each_model_carries_its_recipe_and_flags_override_it() -> None:
     from ringtree.train.models import REGISTRY
 
     for name, (_, recipe) in REGISTRY.items():
-        cfg = TrainConfig(model=name)
+        cfg = TrainConfig(model=name, **({"dataset": recipe.dataset} if recipe.dataset else {}))
         assert (cfg.get("lr"), cfg.get("epochs"), cfg.get("batch_size")) == (
             recipe.lr,
             recipe.epochs,

@@ -71,7 +71,7 @@ def _library_words(cli: str) -> str:
     """`--micro-batches 4 needs --pp 2` -> `micro_batches=4 needs pp=2`: each TrainConfig flag
     becomes its field (with `=value` when a value follows it); other flags (--nproc) stay."""
     names = {flag(f.name): f.name for f in fields(TrainConfig)}
-    values = {*MODELS, *MODES, *SCHEDULES, *DEVICES, *COMPRESSIONS, *BALANCES, *MASTER_ALGORITHMS}
+    values = {*MODELS, *MODES, *SCHEDULES, *DEVICES, *COMPRESSIONS, *BALANCES, *MASTER_ALGORITHMS, *DATASETS}
     values |= {"off", "bf16", "fp16", "double_tree", "halving_doubling", "hierarchical"}
 
     def rename(m: re.Match[str]) -> str:
