@@ -14,8 +14,9 @@ its `shard` (an fp32 nn.Parameter, the only thing the optimizer steps) and the s
 After the optimizer stepped the shards, the next forward all-gathers them: zero 1/2 every
 stepped bucket at once, zero 3 bucket by bucket as the modules run. Every collective runs on one
 communication thread in the order the training thread asks for it (the same on every rank):
-bucket reductions overlap the rest of backward and are waited for at its end, all-gathers are
-waited for at once. Both halves run ringtree's
+bucket reductions overlap the rest of backward and are waited for at its end; at zero 3 each
+module's pre-hook also starts gathering the bucket the next layer needs (index - 1 in forward,
++ 1 in backward), so that gather overlaps this layer's compute. Both halves run ringtree's
 reduce-scatter and all-gather schedules (`algorithm`), over shared memory inside a host.
 Index names: b bucket, i parameter within a bucket, r this rank's index in the group.
 """
@@ -192,14 +193,48 @@ class ShardedDataParallel(nn.Module):
                 self._all_gather(b)
 
     def _unshard(self, b: FlatBucket) -> None:
-        """Gather the bucket unless it is gathered and its shard unchanged since."""
+        """Gather the bucket unless gathered with its shard unchanged since (or wait for its prefetch)."""
+        if b.prefetch is not None:
+            self._take_prefetch(b)
+            return
         if b.gathered and not b.stepped():
             return
         if not b.gathered:
             b.allocate()
         self._all_gather(b)
 
+    def _prefetch(self, j: int) -> None:
+        """Start gathering bucket j (zero 3: the one the next layer needs) without waiting for it."""
+        if not 0 <= j < len(self.buckets):
+            return
+        b = self.buckets[j]
+        if b.prefetch is not None or (b.gathered and not b.stepped()):
+            return
+        if not b.gathered:
+            b.allocate()
+        b.prefetch = self._pool.submit(self._gather_job(b))
+
+    def _take_prefetch(self, b: FlatBucket) -> None:
+        assert b.prefetch is not None
+        started = time.perf_counter()
+        self._wait([b.prefetch], f"all-gather of bucket {b.index}")
+        self._exposed_s += time.perf_counter() - started
+        b.prefetch = None
+        b.mark_gathered()
+
+    def _release(self, b: FlatBucket) -> None:
+        """Free the bucket's whole parameters (after its prefetch, if one is in flight)."""
+        if b.prefetch is not None:
+            self._take_prefetch(b)
+        b.free()
+
     def _all_gather(self, b: FlatBucket) -> None:
+        started = time.perf_counter()
+        self._wait([self._pool.submit(self._gather_job(b))], f"all-gather of bucket {b.index}")
+        self._exposed_s += time.perf_counter() - started
+        b.mark_gathered()
+
+    def _gather_job(self, b: FlatBucket) -> Callable[[], None]:
         shard = b.shard.detach().clone()  # the input may alias a block of the output (zero 1/2)
         validate = not self._validated
 
@@ -216,10 +251,7 @@ class ShardedDataParallel(nn.Module):
             nbytes = b.full.numel() * b.full.element_size()
             self._spans.append(Span(b.index, start, time.perf_counter(), nbytes))
 
-        started = time.perf_counter()
-        self._wait([self._pool.submit(gather)], f"all-gather of bucket {b.index}")
-        self._exposed_s += time.perf_counter() - started
-        b.mark_gathered()
+        return gather
 
     def _wait(self, futures: list[Future[None]], what: str) -> None:
         """Wait for the comm thread's work (each may take its own timeout); re-raise its error here."""
@@ -251,6 +283,8 @@ class ShardedDataParallel(nn.Module):
         def hook(module: nn.Module, args: Any) -> None:
             for b in buckets:
                 self._unshard(b)
+            if not self._in_backward:  # forward meets the buckets from the last index down
+                self._prefetch(min(b.index for b in buckets) - 1)
 
         return hook
 
@@ -267,7 +301,7 @@ class ShardedDataParallel(nn.Module):
                 if b.forwards >= b.users:
                     b.forwards = 0
                     if not b.pinned:
-                        b.free()
+                        self._release(b)
 
         return hook
 
@@ -276,6 +310,7 @@ class ShardedDataParallel(nn.Module):
             self._enter_backward()
             for b in buckets:
                 self._unshard(b)
+            self._prefetch(max(b.index for b in buckets) + 1)  # backward: from bucket 0 up
 
         return hook
 
@@ -350,7 +385,7 @@ class ShardedDataParallel(nn.Module):
             if self.zero == 3:  # buckets gathered for a backward that gave them no gradient
                 for b in self.buckets:
                     if not b.pinned:
-                        b.free()
+                        self._release(b)
             self._validated = True
             spans = sorted(self._spans, key=lambda s: s.start)
             self.last_sync = SyncStats(_union(spans), self._exposed_s, spans)

@@ -9,6 +9,7 @@ views staying valid: FSDP's flat-parameter trick.
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,7 @@ class FlatBucket:
     users: int = 0  # zero 3: modules whose parameters live here, and how many ran forward
     forwards: int = 0
     version: int = 0  # shard._version when `full` was last gathered
+    prefetch: Future[None] | None = None  # zero 3: an all-gather started ahead of its use
 
     def stepped(self) -> bool:
         """True when the optimizer changed the shard since `full` was gathered."""
