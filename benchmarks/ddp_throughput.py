@@ -89,28 +89,32 @@ def measure(variant: str, setup: Setup) -> dict[str, float | None]:
             comm.append(ddp.last_sync.comm_time_s)
             exposed.append(ddp.last_sync.exposed_s)
 
-    seconds = _timed(step, setup)
+    seconds, cpu_seconds = _timed(step, setup)
     if isinstance(ddp, DistributedDataParallel):
         ddp.close()
     n = setup.steps
     return {
         "samples_per_s": setup.batch * dist.get_world_size() * n / seconds,
+        "cpu_time_s": cpu_seconds / n,  # per step and rank, every thread: steadier than wall time under load
         "comm_time_s": statistics.fmean(comm[-n:]) if comm else None,  # torch's DDP does not say
         "exposed_comm_time_s": statistics.fmean(exposed[-n:]) if exposed else None,
         "step_time_s": seconds / n,
     }
 
 
-def _timed(step: Callable[[], None], setup: Setup) -> float:
+def _timed(step: Callable[[], None], setup: Setup) -> tuple[float, float]:
+    """Wall seconds of the timed steps (slowest rank) and the CPU seconds a rank spent (mean)."""
     for _ in range(setup.warmup):
         step()
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(setup.steps):
         step()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    used = torch.tensor([time.process_time() - cpu], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+    dist.all_reduce(used)
+    return float(elapsed.item()), float(used.item()) / dist.get_world_size()
 
 
 def worker(rank: int, setup: Setup) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -149,3 +150,30 @@ def test_a_rank_that_dies_is_named_at_once() -> None:
     seconds, _, text = message.partition(" ")
     assert "rank 1 (pid" in text and "exited while this rank waited for it" in text
     assert float(seconds) < 10  # not the 30 s timeout
+
+
+def back_to_back(rank: int) -> list[str]:
+    """A late reader: rank 1 sleeps after every barrier, so the others start the next call (and
+    write their buffers) while it still reads the last step of this one."""
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    if rank == 1:
+        real = shm._Group.sync
+
+        def late(self: shm._Group, *args: object) -> None:
+            real(self, *args)  # type: ignore[arg-type]
+            time.sleep(0.003)
+
+        shm._Group.sync = late  # type: ignore[method-assign]
+    p, failures = dist.get_world_size(), []
+    n = 999  # one size: a ring rank's first write (copy in) is the range its successor reads last
+    for i in range(12):
+        x = torch.arange(n, dtype=torch.float32) + 1000 * rank + i
+        comm.all_reduce(x, algorithm="ring", validate=False)
+        want = p * torch.arange(n, dtype=torch.float32) + 1000 * sum(range(p)) + p * i
+        if not torch.equal(x, want):
+            failures.append(f"call {i}: {int((x != want).sum())} wrong elements")
+    return failures
+
+
+def test_back_to_back_calls_with_a_late_reader_stay_exact() -> None:
+    assert spawn(back_to_back, 3, timeout_s=120) == [[], [], []]

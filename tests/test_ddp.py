@@ -62,14 +62,19 @@ def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def train(
-    model: nn.Module, inner: nn.Module, rank: int, p: int, extra_on: set[int] | None = None
+    model: nn.Module,
+    inner: nn.Module,
+    rank: int,
+    p: int,
+    extra_on: set[int] | None = None,
+    set_to_none: bool = True,
 ) -> torch.Tensor:
     """STEPS steps of SGD with momentum on this rank's share; the flat parameters afterwards."""
     xs, ys = data(p)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for k in range(STEPS):
         rows = slice(rank * B, (rank + 1) * B)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         loss_of(model(xs[k, rows], use_extra=rank in (extra_on or ())), ys[k, rows]).backward()
         if isinstance(model, MasterDataParallel):
             model.step(opt)
@@ -161,6 +166,16 @@ def case_unused(rank: int, p: int) -> Result:
     }
 
 
+def case_bucket_views(rank: int, p: int) -> Result:
+    """Gradients zeroed in place (so autograd accumulates straight into the buckets)."""
+    model, net = ddp(rank, algorithm="ring")
+    params = train(model, net, rank, p, set_to_none=False)
+    views = [b.holds(i, q.grad) for b in model.buckets for i, q in enumerate(b.params)]
+    storage = {b.buffer.untyped_storage().data_ptr() for b in model.buckets}
+    grads = {q.grad.untyped_storage().data_ptr() for q in net.parameters() if q.grad is not None}
+    return {"params": params, "all_views": all(views) and grads <= storage}
+
+
 def case_dp(rank: int, p: int) -> Result:
     net = make_net(rank)
     return {"params": train(MasterDataParallel(net), net, rank, p)}
@@ -183,6 +198,7 @@ def world(rank: int, p: int, full: bool) -> dict[str, Result]:
         out["unused_error"] = case_unused_error(rank, p)
         out["unused"] = case_unused(rank, p)
         out["no_overlap"] = case_no_overlap(rank, p)
+        out["views"] = case_bucket_views(rank, p)
     dist.barrier()
     return out
 
@@ -258,3 +274,10 @@ def test_without_overlap_same_result() -> None:
     got = [r["no_overlap"]["params"] for r in results(2)]
     assert_replicas_equal(got)
     assert torch.equal(got[0], results(2)[0]["algo:ring"]["params"])
+
+
+def test_gradients_are_bucket_views_and_accumulate_in_place() -> None:
+    got = [r["views"] for r in results(2)]
+    assert all(g["all_views"] for g in got), "every .grad must be its slice of a bucket after backward"
+    assert_replicas_equal([g["params"] for g in got])
+    assert torch.equal(got[0]["params"], results(2)[0]["algo:ring"]["params"])

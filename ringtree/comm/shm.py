@@ -11,11 +11,13 @@ all-reduce do on CPUs. This module is that transport for ringtree's schedules:
   mapped it, so nothing is left behind even if a process dies;
 - a collective runs the schedule unchanged: a receive reads the sender's range straight out
   of the sender's buffer and combines it into the receiver's own (no socket, no intermediate
-  copy); after each step the ranks meet at a barrier rung through named pipes (a few tens of
-  microseconds, where a gloo message round costs a millisecond on a busy host), so that a
-  range is read only when its sender has finished writing it, and overwritten only when
-  every reader is done with it. A step in which some rank receives into a range it also
-  sends first stages what it reads, meets the others, then combines;
+  copy); after each step but the last the ranks meet at a barrier rung through named pipes
+  (a few tens of microseconds, where a gloo message round costs a millisecond on a busy
+  host), so that a range is read only when its sender has finished writing it, and
+  overwritten only when every reader is done with it. Alternate calls use alternate halves of
+  the buffers, so the last step needs no barrier (see `_Group`). A step in which some rank
+  receives into a range it also sends first stages what it reads, meets the others, then
+  combines;
 - only what peers read goes through shared memory (see `_compile`): the rest of the work
   reads and writes the caller's tensor directly.
 
@@ -92,27 +94,27 @@ def execute(
     into = COMBINE_INTO[combine]
     group = _group(pg, timeout)
     with group.lock:
-        nbytes = buf.numel() * buf.element_size()
-        shared = [v[:nbytes].view(buf.dtype) for v in group.buffers(nbytes, timeout)]
-        own, n = shared[rank], schedule.num_steps
-        for a, b in plan.copy_in:
-            own[a:b].copy_(buf[a:b])
+        views = group.views(plan, rank, buf.numel() * buf.element_size(), buf.dtype, timeout)
+        n = schedule.num_steps
+        for (a, b), own in zip(plan.copy_in, views.copy_in, strict=True):
+            own.copy_(buf[a:b])
         group.sync(timeout, what, 0, n)
         for t, ops in enumerate(plan.steps):
             if t in plan.staged:
-                held = [shared[o.peer][o.start : o.stop].clone() for o in ops]
+                held = [v.clone() for v in views.reads[t]]
                 group.sync(timeout, what, t + 1, n)
             else:
-                held = [shared[o.peer][o.start : o.stop] for o in ops]
-            for o, incoming in zip(ops, held, strict=True):
-                out = (own if o.to_shared else buf)[o.start : o.stop]
+                held = views.reads[t]
+            for o, incoming, own in zip(ops, held, views.own[t], strict=True):
+                out = own if o.to_shared else buf[o.start : o.stop]
                 if o.reduce:
-                    into((own if o.from_shared else buf)[o.start : o.stop], incoming, out)
+                    into(own if o.from_shared else buf[o.start : o.stop], incoming, out)
                 else:
                     out.copy_(incoming)
-            group.sync(timeout, what, t + 1, n)
-        for a, b in plan.copy_out:
-            buf[a:b].copy_(own[a:b])
+            if t + 1 < n:  # no barrier after the last step: the next call uses the other half
+                group.sync(timeout, what, t + 1, n)
+        for (a, b), own in zip(plan.copy_out, views.copy_out, strict=True):
+            buf[a:b].copy_(own)
 
 
 class _Read(NamedTuple):
@@ -301,23 +303,64 @@ def _doorbells(pg: dist.ProcessGroup, timeout: timedelta) -> _Doorbells:
         path.unlink(missing_ok=True)
 
 
+class _Views(NamedTuple):
+    """One call's slices of the shared buffers, in the order the plan uses them: where this rank's
+    values are copied in (and out), and per step what it reads from peers and its own range."""
+
+    copy_in: list[torch.Tensor]
+    reads: list[list[torch.Tensor]]
+    own: list[list[torch.Tensor]]
+    copy_out: list[torch.Tensor]
+
+
+def _slice(shared: list[torch.Tensor], rank: int, plan: _Plan) -> _Views:
+    own = shared[rank]
+    return _Views(
+        [own[a:b] for a, b in plan.copy_in],
+        [[shared[o.peer][o.start : o.stop] for o in ops] for ops in plan.steps],
+        [[own[o.start : o.stop] for o in ops] for ops in plan.steps],
+        [own[a:b] for a, b in plan.copy_out],
+    )
+
+
+VIEW_CACHE = 256  # sliced plans kept per group (a few per DDP bucket size); cleared when full
+
+
 class _Group:
-    """One process group's shared buffers (one per rank, grown as needed) and its barrier."""
+    """One process group's shared buffers (one per rank, grown as needed) and its barrier.
+
+    Each rank's buffer has two halves, used by alternate calls: a call's last step needs no
+    barrier after it, since the next call writes the other half, and the call after that passes
+    the next call's barriers (which every peer reaches only once done with this one) before it
+    writes this half again. The slices a plan uses are cut once per (plan, size, dtype, half).
+    """
 
     def __init__(self, pg: dist.ProcessGroup, one_host: bool) -> None:
         self.pg, self.one_host = pg, one_host
         self.lock = threading.Lock()
-        self.capacity = 0
-        self.views: list[torch.Tensor] = []
+        self.capacity = 0  # bytes per half
+        self.mapped: list[torch.Tensor] = []
         self.bells: _Doorbells | None = None
+        self.half = 0  # the half the next call uses (every rank makes the same calls in order)
+        self.sliced: dict[tuple[int, int, int, torch.dtype, int], tuple[_Plan, _Views]] = {}
 
-    def buffers(self, nbytes: int, timeout: timedelta) -> list[torch.Tensor]:
-        """Every rank's shared buffer as bytes, at least `nbytes` long (collective when it grows)."""
+    def views(self, plan: _Plan, rank: int, nbytes: int, dtype: torch.dtype, timeout: timedelta) -> _Views:
+        """The call's slices of every rank's buffer (collective when the buffers grow)."""
         if nbytes > self.capacity:
             size = 1 << max(nbytes - 1, 1).bit_length()
-            self.views = _map_all(self.pg, size, timeout)
+            self.mapped = _map_all(self.pg, 2 * size, timeout)
             self.capacity = size
-        return self.views
+            self.sliced.clear()
+        half, self.half = self.half, 1 - self.half
+        key = (id(plan), rank, nbytes, dtype, half)
+        have = self.sliced.get(key)
+        if have is None or have[0] is not plan:
+            if len(self.sliced) >= VIEW_CACHE:
+                self.sliced.clear()
+            start = half * self.capacity
+            shared = [v[start : start + nbytes].view(dtype) for v in self.mapped]
+            have = self.sliced[key] = (plan, _slice(shared, rank, plan))
+        return have[1]
 
     def sync(self, timeout: timedelta, what: str, t: int, n: int) -> None:
         if self.bells is None:

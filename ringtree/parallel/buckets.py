@@ -18,7 +18,8 @@ FIRST_BUCKET_CAP_MB = 1.0
 class Bucket:
     """Parameters whose gradients are reduced together, and the flat buffer they are copied into.
 
-    `params[i]` occupies `buffer[offsets[i] : offsets[i] + params[i].numel()]`.
+    `params[i]` occupies `buffer[offsets[i] : offsets[i] + params[i].numel()]`; `views[i]` is that
+    slice shaped like the parameter (made once: DDP hands it to the parameter as its `.grad`).
     """
 
     index: int
@@ -28,6 +29,12 @@ class Bucket:
     buffer: torch.Tensor
     pending: int = 0  # gradients not yet ready in the current backward pass
     ready: set[int] = field(default_factory=set)  # positions (into params) whose gradient arrived
+    views: list[torch.Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.views = [
+            self.buffer[o : o + p.numel()].view_as(p) for p, o in zip(self.params, self.offsets, strict=True)
+        ]
 
     @property
     def nbytes(self) -> int:
@@ -35,8 +42,12 @@ class Bucket:
 
     def view(self, i: int) -> torch.Tensor:
         """The slice of the flat buffer that holds parameter i's gradient, shaped like it."""
-        p = self.params[i]
-        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+        return self.views[i]
+
+    def holds(self, i: int, grad: torch.Tensor | None) -> bool:
+        """Whether `grad` is parameter i's slice of the buffer itself (its gradient is a bucket view)."""
+        view = self.views[i]
+        return grad is not None and grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
 
     def reset(self) -> None:
         self.pending = len(self.params)

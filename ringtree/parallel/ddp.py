@@ -2,10 +2,13 @@
 
 The flow of the seeds: every rank holds the whole model, runs forward and backward on its own
 share of the batch, and the gradients are averaged across ranks before every rank steps.
-Gradients are copied into flat buckets (reverse registration order, a small first bucket) as
-autograd produces them; a bucket whose gradients are all in is launched at once, so its
-all-reduce overlaps the rest of backward. backward() returns only after every bucket is reduced
-and copied back into `param.grad`.
+Gradients are divided by the world size into flat buckets (reverse registration order, a small
+first bucket) as autograd produces them, and each parameter's `.grad` then becomes its slice of
+the bucket (torch DDP's gradient_as_bucket_view, always on): the reduced values land in `.grad`
+with no copy back, and a gradient that autograd accumulates into an existing `.grad` (no_sync,
+zero_grad(set_to_none=False)) is already in its bucket. A bucket whose gradients are all in is
+launched at once, so its all-reduce overlaps the rest of backward. backward() returns only
+after every bucket is reduced.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class DistributedDataParallel(nn.Module):
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
                 if p.grad is not None:
-                    bucket.view(i).copy_(p.grad)
+                    self._fill(bucket, i, p)
                     self._mark_ready(bucket, i)
         self._finish()
 
@@ -174,10 +177,21 @@ class DistributedDataParallel(nn.Module):
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             assert param.grad is not None and i not in bucket.ready
-            bucket.view(i).copy_(param.grad)
+            self._fill(bucket, i, param)
             self._mark_ready(bucket, i)
 
         return on_grad_ready
+
+    def _fill(self, bucket: Bucket, i: int, param: torch.Tensor) -> None:
+        """Put param's gradient, divided by the world size (torch's DDP divides, then sums), into
+        its slice of the bucket in one pass, and make that slice its `.grad`."""
+        view, grad = bucket.view(i), param.grad
+        assert grad is not None
+        if bucket.holds(i, grad):
+            view.div_(self.world_size)
+        else:
+            torch.div(grad, self.world_size, out=view)
+            param.grad = view
 
     def _mark_ready(self, bucket: Bucket, i: int) -> None:
         bucket.ready.add(i)
@@ -189,7 +203,6 @@ class DistributedDataParallel(nn.Module):
         """Launch every ready bucket from the next unlaunched one on: the same order on every rank."""
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
-            bucket.buffer.div_(self.world_size)  # average as torch's DDP does: divide, then sum
             payload = bucket.buffer
             if self.compression is not None:
                 payload = payload.to(COMPRESSION[self.compression])
@@ -208,6 +221,9 @@ class DistributedDataParallel(nn.Module):
                 raise ValueError(_unused_message(missing))
             local_used = self._local_used()
             for bucket, i in missing:
+                p = bucket.params[i]
+                if bucket.holds(i, p.grad):  # keep this rank's gradient out of the zeroed slice
+                    p.grad = bucket.view(i).clone()
                 bucket.view(i).zero_()
                 self._mark_ready(bucket, i)
             self._launch_in_order()
@@ -216,7 +232,8 @@ class DistributedDataParallel(nn.Module):
             self._exposed_s += time.perf_counter() - started
             # every rank runs this all-reduce (same setting), whether or not it missed gradients
             used = self._globally_used(local_used) if self.find_unused_parameters else None
-            self._write_back(used)
+            if missing or self.compression is not None:
+                self._write_back(used)
             self._validated = True
             self.last_sync = SyncStats(_union(spans), self._exposed_s, spans)
         finally:
@@ -236,6 +253,8 @@ class DistributedDataParallel(nn.Module):
         return local_used > 0
 
     def _write_back(self, used: torch.Tensor | None) -> None:
+        """Compressed payloads back into the buckets; the gradients of parameters some rank
+        skipped become their bucket views too (unless no rank used them)."""
         k = 0
         with torch.no_grad():
             for bucket in self.buckets:
@@ -244,10 +263,8 @@ class DistributedDataParallel(nn.Module):
                 for i, p in enumerate(bucket.params):
                     if used is not None and not used[k]:
                         pass  # no rank used it: leave its gradient as it is, like torch's DDP
-                    elif p.grad is None:
-                        p.grad = bucket.view(i).clone()
-                    else:
-                        p.grad.copy_(bucket.view(i))
+                    elif not bucket.holds(i, p.grad):
+                        p.grad = bucket.view(i)
                     k += 1
 
     def _reset(self) -> None:
@@ -269,6 +286,8 @@ def _check_arguments(bucket_cap_mb: float, compression: str | None, torch_only: 
     if unknown:
         raise TypeError(f"DistributedDataParallel got unexpected argument(s) {', '.join(unknown)}")
     for name, value in torch_only.items():
+        if name == "gradient_as_bucket_view":
+            continue  # ringtree's gradients are always bucket views: either answer runs the same
         if value != _TORCH_ONLY_DEFAULTS[name]:
             warnings.warn(
                 f"ringtree's DistributedDataParallel ignores {name}={value!r} (torch-only option)",
