@@ -60,7 +60,7 @@ def test_config_errors_name_the_value(changes: dict[str, Any], words: str) -> No
     ("changes", "words"),
     [
         ({"micro_batches": 8}, "micro_batches needs pp=2 or more; drop it or add pp"),
-        ({"tp_plan": {"0": "colwise"}}, "tp_plan shards layers among tp ranks; add tp=2 or more, or drop tp_plan"),
+        ({"tp_plan": {"0": "colwise"}}, "tp_plan shards layers among tp ranks; add tp=2 or more"),
         ({"mode": "dp", "overlap": False}, "overlap: options of DDP's buckets, which mode=dp does not have"),
         ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
         ({"timeout_s": -1.0}, "timeout_s must be positive"),
