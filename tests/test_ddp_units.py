@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -80,3 +82,13 @@ def test_comm_thread_runs_buckets_in_launch_order(monkeypatch: pytest.MonkeyPatc
     thread.close()
     assert seen == [0, 1, 2, 3, 4] and [s.bucket for s in spans] == [0, 1, 2, 3, 4]
     assert all(s.end >= s.start for s in spans)
+
+
+def test_gradient_as_bucket_view_is_accepted_without_a_warning() -> None:
+    from ringtree.parallel import ddp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # gradients are always bucket views: nothing is ignored
+        ddp._check_arguments(25.0, None, {"gradient_as_bucket_view": True})
+    with pytest.warns(UserWarning, match="ignores static_graph=True"):
+        ddp._check_arguments(25.0, None, {"static_graph": True})
