@@ -133,6 +133,8 @@ def run_agents(
             code = _wait(procs, timeout_s)
             said = verdict(verdicts) if code == 0 else 0
         finally:
+            if any(proc.poll() is None for proc in procs):
+                network.kill_inside([node.netns for node in net.nodes])  # Ctrl-C, a timeout, a failed peer
             for proc in procs:
                 _stop(proc)
             texts = []

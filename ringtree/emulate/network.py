@@ -166,12 +166,22 @@ def list_netns(prefix: str = PREFIX) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
 
 
-def delete_netns(netns: str) -> None:
-    """Stop what still runs inside netns (an emulate run's leftovers), then delete it."""
-    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=False)
-    for pid in pids.stdout.split():
+def kill_inside(netnses: list[str]) -> None:
+    """SIGKILL every process inside these namespaces in one pass: agents and their workers (torch
+    starts each worker in a session of its own) die together, so no survivor sees a peer's reset
+    connection and prints a traceback."""
+    found = [
+        subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True, check=False)
+        for n in netnses
+    ]
+    for pid in (p for out in found for p in out.stdout.split()):
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
+
+
+def delete_netns(netns: str) -> None:
+    """Stop what still runs inside netns (an emulate run's leftovers), then delete it."""
+    kill_inside([netns])
     subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
 
 
