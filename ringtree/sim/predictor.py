@@ -41,19 +41,34 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
     return forward, backward + redo, attention
 
 
+def stage_layers(layers: int, p: int) -> tuple[int, ...]:
+    """Layers per pipeline stage: l/p each when p divides l; else ceil(l/p) on the middle stages and
+    the shortfall split between the first and the last, as BLOOM (70 on 12: 5, 6 x 10, 5) and Llama 3
+    (126 on 16: 7, 8 x 14, 7) ran theirs."""
+    if p == 1 or layers % p == 0:
+        return (layers // p,) * p
+    middle = -(-layers // p)
+    ends = layers - (p - 2) * middle
+    return (ends // 2, *(middle,) * (p - 2), ends - ends // 2)
+
+
 def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
-    """One GPU's step: its stage's l/p layers (and 1/p of the logits) on its TP and CP slice, per
-    micro-batch."""
+    """One GPU's step on the slowest stage: its layers on its TP and CP slice, per micro-batch; the
+    logits (output layer and loss) sit on the last stage, as Megatron-LM's `post_process` puts them."""
     t, p = run.tp, run.pp
-    layers = model.layers / p
     forward, backward, attention = layer_times(model, run, gpu)
     tokens = run.micro_batch * model.seq // run.cp
-    logits = compute.logits_s(model, tokens, t, gpu, run.dtype) / p
+    logits = compute.logits_s(model, tokens, t, gpu, run.dtype)
+    counts = stage_layers(model.layers, p)
+    fs = tuple(n * forward + (logits if j == p - 1 else 0.0) for j, n in enumerate(counts))
+    bs = tuple(n * backward + (2 * logits if j == p - 1 else 0.0) for j, n in enumerate(counts))
+    k = max(range(p), key=lambda j: fs[j] + bs[j])  # the slowest stage sets the pace
+    layers = float(counts[k])
     stage_params = model.params / (t * p)
     m = run.micro_batches(dp)
     return StepWork(
-        forward_s=layers * forward + logits,
-        backward_s=layers * backward + 2 * logits,
+        forward_s=fs[k],
+        backward_s=bs[k],
         micro_batches=m,
         grad_bytes=int(stage_params) * ITEMSIZE,
         itemsize=ITEMSIZE,
@@ -71,15 +86,19 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         cp_bytes=2 * run.micro_batch * model.seq * model.kv_hidden // t * ITEMSIZE if run.cp > 1 else 0,
         attention_s=attention,
         hardware_flops=model.step_flops(run.global_batch, run.recompute),
+        stage_forward_s=fs if p > 1 else (),
+        stage_backward_s=bs if p > 1 else (),
     )
 
 
 def plan(
-    model: Transformer, run: Training, cluster: Cluster, gpu: GPU, algorithm: str = "ring", fast: bool = False
+    model: Transformer, run: Training, cluster: Cluster, gpu: GPU, algorithm: str = "auto", fast: bool = False
 ) -> StepPrediction:
     """The predicted step of `model` trained as `run` on `cluster` of `gpu`s, with per-stage memory.
 
-    `fast` bounds the pipeline replay by its closed form (the search's first pass)."""
+    `algorithm` "auto" is `default_algorithm(cluster)`, as `ringtree plan` prices it; `fast` bounds
+    the pipeline replay by its closed form (the search's first pass)."""
+    algorithm = default_algorithm(cluster) if algorithm == "auto" else algorithm
     dp = check(model, run, cluster.ranks)
     w = work(model, run, gpu, dp)
     row = predict(w, cluster, algorithm, run.layout, fast)
