@@ -19,8 +19,9 @@ from ringtree.sim import compute
 from ringtree.sim.clusters import A100_80, B200, GPU, H100, get
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.layout import Training
+from ringtree.sim.memory import stage_layers
 from ringtree.sim.plan import Layout, StepWork, predict
-from ringtree.sim.predictor import default_algorithm, plan, stage_layers, work
+from ringtree.sim.predictor import default_algorithm, plan, work
 from ringtree.sim.search import search
 from ringtree.sim.transformer import Transformer
 

@@ -14,7 +14,7 @@ from ringtree.sim import compute, nccl_model
 from ringtree.sim.clusters import GPU
 from ringtree.sim.hardware import Cluster
 from ringtree.sim.layout import Training, check
-from ringtree.sim.memory import activation_bytes_per_layer, memory, states_bytes
+from ringtree.sim.memory import activation_bytes_per_layer, memory, stage_layers, states_bytes
 from ringtree.sim.plan import StepPrediction, StepWork, predict
 from ringtree.sim.transformer import Transformer
 
@@ -39,17 +39,6 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
     backward = 2 * (mats + other) + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
     redo = {"none": 0.0, "selective": attention, "full": forward}[run.recompute]
     return forward, backward + redo, attention
-
-
-def stage_layers(layers: int, p: int) -> tuple[int, ...]:
-    """Layers per pipeline stage: l/p each when p divides l; else ceil(l/p) on the middle stages and
-    the shortfall split between the first and the last, as BLOOM (70 on 12: 5, 6 x 10, 5) and Llama 3
-    (126 on 16: 7, 8 x 14, 7) ran theirs."""
-    if p == 1 or layers % p == 0:
-        return (layers // p,) * p
-    middle = -(-layers // p)
-    ends = layers - (p - 2) * middle
-    return (ends // 2, *(middle,) * (p - 2), ends - ends // 2)
 
 
 def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
