@@ -173,6 +173,15 @@ def test_megatron_figures_13_to_15_hold_their_errors() -> None:
     assert max(errors[13]) <= 0.225 and max(errors[14]) <= 0.15 and max(errors[15]) <= 0.81
     across = [r for r in rows if "fig. 13" in r[0] and ("t=16" in r[0] or "t=32" in r[0])]
     assert len(across) == 4 and all(abs(p / q - 1) <= 0.25 for _, p, q in across)
+    # what TP 16 and 32 across nodes cost over TP 8 in one node, as a step-time ratio: within 20% of
+    # the published one in both figures (9-15% short reached), figure 15's absolute miss aside
+    by = {
+        (n.split(", t=")[0], n.split("batch ")[1], n.split("t=")[1].split(" ")[0]): (p, q) for n, p, q in rows
+    }
+    for (figure, batch, t), (predicted, published_tflops) in by.items():
+        if t in ("16", "32") and (figure, batch, "8") in by:
+            p8, q8 = by[(figure, batch, "8")]
+            assert abs((p8 / predicted) / (q8 / published_tflops) - 1) <= 0.20, (figure, batch, t)
 
 
 def test_a_run_without_flash_attention_is_slower_and_holds_its_scores() -> None:
