@@ -19,13 +19,15 @@ from ringtree.sim import compute
 from ringtree.sim.clusters import A100_80, B200, GPU, H100, get
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.layout import Training
+from ringtree.sim.memory import stage_layers
 from ringtree.sim.plan import Layout, StepWork, predict
-from ringtree.sim.predictor import default_algorithm, plan
+from ringtree.sim.predictor import default_algorithm, plan, work
+from ringtree.sim.search import search
 from ringtree.sim.transformer import Transformer
 
 BENCH = Path(__file__).parents[1] / "benchmarks"
 # what the published runs reach (docs/accuracy.md, "Published runs, H100 and A100"), rounded up
-MEDIAN_ABS_ERROR, MAX_ABS_ERROR, MEAN_ABS_ERROR = 0.095, 0.48, 0.145
+MEDIAN_ABS_ERROR, MAX_ABS_ERROR, MEAN_ABS_ERROR = 0.09, 0.48, 0.145  # 8.7%, 47.7%, 14.2% reached
 # rows the memory model says do not fit, and why (docs/accuracy.md): torchtitan's 8B FSDP ran on
 # 96 GB H100s (82.4 GiB measured), the preset's hold 80 GB; Llama 3 405B's interleaving, sequence
 # parallelism and recompute are not published
@@ -36,8 +38,9 @@ NOT_FITTING = {
     "llama3-405b-16384gpu",
     "llama3-405b-16384gpu-cp16",
 }
-# Narayanan et al. 2021's A100 table: the worst errors before issue 21 (benchmarks/published_figures.py)
-ANCHOR_LOW, ANCHOR_HIGH = -0.056, 0.054
+# Narayanan et al. 2021's A100 table priced with NCCL (`auto`, as `ringtree plan` prices it): +0.6% ..
+# +6.1% reached (benchmarks/published_figures.py; -5.6% .. +5.4% under the ring the API used before)
+ANCHOR_LOW, ANCHOR_HIGH = -0.061, 0.061
 
 
 def _script(name: str) -> ModuleType:
@@ -71,6 +74,43 @@ def test_auto_prices_a_transformers_collectives_with_nccl_on_gpu_clusters(tmp_pa
         steps[algorithm] = (data["algorithm"], data["step_s"])
     assert steps["auto"] == steps["native"] and steps["auto"][0] == "native"
     assert steps["ring"][1] > steps["native"][1]  # NCCL's NVLS/tree beat a flat ring on H100 nodes
+
+
+def test_the_python_api_prices_auto_as_the_cli_does() -> None:
+    """One planner: `plan` and `search` default to `auto`, NCCL's model on GPU clusters."""
+    model, cluster = Transformer(8, 2048, 16, 2048, 51200), get("dgx-a100").cluster(2)
+    run = Training(64, 1, 8, 2, "fp16", "full")
+    default, native, ring = (
+        plan(model, run, cluster, A100_80),
+        *(plan(model, run, cluster, A100_80, a) for a in ("native", "ring")),
+    )
+    assert default.algorithm == "native" and default.step_s == native.step_s != ring.step_s
+    found = search(model, 64, cluster, A100_80, "fp16", ("full",))
+    assert found.rows and all(row.algorithm == "native" for row in found.rows)
+
+
+def test_uneven_stages_put_the_shortfall_on_the_first_and_last() -> None:
+    assert stage_layers(126, 16) == (7, *(8,) * 14, 7)  # Llama 3 405B (Dubey et al. 2024, sec. 3.3.2)
+    assert stage_layers(70, 12) == (5, *(6,) * 10, 5)  # BLOOM 176B's 70 blocks on 12 stages
+    assert stage_layers(96, 8) == (12,) * 8 and sum(stage_layers(105, 35)) == 105
+
+
+def test_the_last_stage_holds_the_logits_and_sets_the_pace() -> None:
+    """Megatron-LM's last stage computes the output layer and the loss: with a large vocabulary it is
+    the slowest stage, and a pipeline runs at its slowest stage's pace (the replay agrees)."""
+    model, run = Transformer(8, 2048, 16, 2048, 256000), Training(32, 1, 1, 4, "fp16", "none")
+    w = work(model, run, A100_80, 2)
+    head_f = compute.logits_s(model, 2048, 1, A100_80, "fp16")
+    assert w.stage_forward_s[:3] == (w.stage_forward_s[0],) * 3
+    assert w.stage_forward_s[3] == pytest.approx(w.stage_forward_s[0] + head_f)
+    assert (w.forward_s, w.backward_s) == (w.stage_forward_s[3], w.stage_backward_s[3])
+    free = Cluster(4, 1, Link("nv", 0.0, 1e15), Link("net", 0.0, 1e15))
+    fs, bs = (1.0, 1.0, 1.0, 1.5), (2.0, 2.0, 2.0, 3.0)
+    slow_last = StepWork(1.5, 3.0, 8, 0, 2, stage_forward_s=fs, stage_backward_s=bs)
+    for schedule in ("1f1b", "gpipe"):
+        for fast in (False, True):
+            step = predict(slow_last, free, "ring", Layout(pp=4, schedule=schedule), fast).step_s
+            assert step == pytest.approx(8 * 4.5 + 3 * 3.0)  # m (f + b) of the slowest + the others' fill
 
 
 def test_fsdp_reduce_scatters_overlap_the_backward_and_zero_1_only_when_asked() -> None:
@@ -119,6 +159,29 @@ def test_the_2021_a100_anchors_stay_within_their_errors() -> None:
     assert len(rows) == 10
     for name, predicted, published_tflops in rows:
         assert ANCHOR_LOW - 1e-3 <= predicted / published_tflops - 1 <= ANCHOR_HIGH + 1e-3, name
+
+
+def test_megatron_figures_13_to_15_hold_their_errors() -> None:
+    """Narayanan et al. 2021 figures 13-15 (read off the plots): TP 16 and 32 across 8-GPU nodes
+    (figure 13) within 25% (22% reached), PP x DP (figure 14) within 15%; figure 15's 5.9B TP x DP
+    rows miss at every TP, inside a node too (docs/accuracy.md): held where they are."""
+    rows = _script("published_figures").megatron_figures()
+    errors: dict[int, list[float]] = {13: [], 14: [], 15: []}
+    for name, predicted, published_tflops in rows:
+        errors[int(name.split("fig. ")[1][:2])].append(abs(predicted / published_tflops - 1))
+    assert [len(e) for e in errors.values()] == [10, 10, 13]
+    assert max(errors[13]) <= 0.225 and max(errors[14]) <= 0.15 and max(errors[15]) <= 0.81
+    across = [r for r in rows if "fig. 13" in r[0] and ("t=16" in r[0] or "t=32" in r[0])]
+    assert len(across) == 4 and all(abs(p / q - 1) <= 0.25 for _, p, q in across)
+    # what TP 16 and 32 across nodes cost over TP 8 in one node, as a step-time ratio: within 20% of
+    # the published one in both figures (9-15% short reached), figure 15's absolute miss aside
+    by = {
+        (n.split(", t=")[0], n.split("batch ")[1], n.split("t=")[1].split(" ")[0]): (p, q) for n, p, q in rows
+    }
+    for (figure, batch, t), (predicted, published_tflops) in by.items():
+        if t in ("16", "32") and (figure, batch, "8") in by:
+            p8, q8 = by[(figure, batch, "8")]
+            assert abs((p8 / predicted) / (q8 / published_tflops) - 1) <= 0.20, (figure, batch, t)
 
 
 def test_a_run_without_flash_attention_is_slower_and_holds_its_scores() -> None:

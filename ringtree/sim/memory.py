@@ -45,10 +45,15 @@ def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str
     return 10 * shared + attention + mlp
 
 
-def stage_layers(layers: int, p: int) -> list[int]:
-    """Layers per stage: l / p each, the first l mod p stages one more."""
-    base, extra = divmod(layers, p)
-    return [base + (1 if j < extra else 0) for j in range(p)]
+def stage_layers(layers: int, p: int) -> tuple[int, ...]:
+    """Layers per pipeline stage: l/p each when p divides l; else ceil(l/p) on the middle stages and
+    the shortfall split between the first and the last (which also hold the embedding and the
+    logits), as BLOOM (70 on 12: 5, 6 x 10, 5) and Llama 3 (126 on 16: 7, 8 x 14, 7) ran theirs."""
+    if p == 1 or layers % p == 0:
+        return (layers // p,) * p
+    middle = -(-layers // p)
+    ends = layers - (p - 2) * middle
+    return (ends // 2, *(middle,) * (p - 2), ends - ends // 2)
 
 
 def in_flight(run: Training, m: int, j: int) -> float:

@@ -192,6 +192,10 @@ class StepWork:
     cp_bytes: int = 0  # K and V of all c sequence chunks of one layer (one all-gather's output)
     attention_s: float = 0.0  # one layer's attention forward, which hides the CP exchange
     hardware_flops: float = 0.0  # model FLOPs plus recompute, all devices
+    # each stage's compute when stages differ (uneven layers, the logits on the last stage); empty:
+    # every stage is forward_s / backward_s, which are otherwise the slowest stage's
+    stage_forward_s: tuple[float, ...] = ()
+    stage_backward_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -353,17 +357,22 @@ def _pipeline_s(
     """The pipeline's makespan for m micro-batches of (forward, backward) per stage.
 
     1F1B and GPipe are replayed with the stage link (`ringtree.sim.pipeline`); `fast` bounds the
-    replay by (m + p - 1)(f + b + 2 c) instead, for the search. Interleaving V chunks per rank divides
-    the ideal bubble (p-1)(f+b) by V and multiplies the stage messages' share by V (Narayanan 2021).
+    replay by m (f + b) of the slowest stage plus the fill of the others, and 2 messages per step,
+    for the search. Interleaving V chunks per rank divides the ideal bubble (the other stages' f + b)
+    by V and multiplies the stage messages' share by V (Narayanan 2021). Stages differ when the
+    work says so (the logits on the last stage): the communication is added to each alike.
     """
     m, p, v = work.micro_batches, layout.pp, layout.virtual_stages
+    comm_f, comm_b = forward - work.forward_s, backward - work.backward_s
+    fs = tuple(f + comm_f for f in work.stage_forward_s) or (forward,) * p
+    bs = tuple(b + comm_b for b in work.stage_backward_s) or (backward,) * p
     busy = m * (forward + backward)
-    ideal = (p - 1) * (forward + backward)
+    ideal = sum(fs) + sum(bs) - (forward + backward)
     message = link.alpha_s + work.activation_bytes * link.beta
     if fast:
-        makespan = (m + p - 1) * (forward + backward + 2 * message)
+        makespan = busy + ideal + (m + p - 1) * 2 * message
     else:
-        costs = StageCosts.uniform(p, forward, backward, activation_bytes=work.activation_bytes)
+        costs = StageCosts(fs, bs, activation_bytes=work.activation_bytes)
         makespan = replay_pipeline(build(layout.schedule, p, m), costs, link).step_time_s
     messages = max(0.0, makespan - busy - ideal)
     return busy + ideal / v + v * messages

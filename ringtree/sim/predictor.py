@@ -14,7 +14,7 @@ from ringtree.sim import compute, nccl_model
 from ringtree.sim.clusters import GPU
 from ringtree.sim.hardware import Cluster
 from ringtree.sim.layout import Training, check
-from ringtree.sim.memory import activation_bytes_per_layer, memory, states_bytes
+from ringtree.sim.memory import activation_bytes_per_layer, memory, stage_layers, states_bytes
 from ringtree.sim.plan import StepPrediction, StepWork, predict
 from ringtree.sim.transformer import Transformer
 
@@ -42,18 +42,22 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
 
 
 def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
-    """One GPU's step: its stage's l/p layers (and 1/p of the logits) on its TP and CP slice, per
-    micro-batch."""
+    """One GPU's step on the slowest stage: its layers on its TP and CP slice, per micro-batch; the
+    logits (output layer and loss) sit on the last stage, as Megatron-LM's `post_process` puts them."""
     t, p = run.tp, run.pp
-    layers = model.layers / p
     forward, backward, attention = layer_times(model, run, gpu)
     tokens = run.micro_batch * model.seq // run.cp
-    logits = compute.logits_s(model, tokens, t, gpu, run.dtype) / p
+    logits = compute.logits_s(model, tokens, t, gpu, run.dtype)
+    counts = stage_layers(model.layers, p)
+    fs = tuple(n * forward + (logits if j == p - 1 else 0.0) for j, n in enumerate(counts))
+    bs = tuple(n * backward + (2 * logits if j == p - 1 else 0.0) for j, n in enumerate(counts))
+    k = max(range(p), key=lambda j: fs[j] + bs[j])  # the slowest stage sets the pace
+    layers = float(counts[k])
     stage_params = model.params / (t * p)
     m = run.micro_batches(dp)
     return StepWork(
-        forward_s=layers * forward + logits,
-        backward_s=layers * backward + 2 * logits,
+        forward_s=fs[k],
+        backward_s=bs[k],
         micro_batches=m,
         grad_bytes=int(stage_params) * ITEMSIZE,
         itemsize=ITEMSIZE,
@@ -71,15 +75,19 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         cp_bytes=2 * run.micro_batch * model.seq * model.kv_hidden // t * ITEMSIZE if run.cp > 1 else 0,
         attention_s=attention,
         hardware_flops=model.step_flops(run.global_batch, run.recompute),
+        stage_forward_s=fs if p > 1 else (),
+        stage_backward_s=bs if p > 1 else (),
     )
 
 
 def plan(
-    model: Transformer, run: Training, cluster: Cluster, gpu: GPU, algorithm: str = "ring", fast: bool = False
+    model: Transformer, run: Training, cluster: Cluster, gpu: GPU, algorithm: str = "auto", fast: bool = False
 ) -> StepPrediction:
     """The predicted step of `model` trained as `run` on `cluster` of `gpu`s, with per-stage memory.
 
-    `fast` bounds the pipeline replay by its closed form (the search's first pass)."""
+    `algorithm` "auto" is `default_algorithm(cluster)`, as `ringtree plan` prices it; `fast` bounds
+    the pipeline replay by its closed form (the search's first pass)."""
+    algorithm = default_algorithm(cluster) if algorithm == "auto" else algorithm
     dp = check(model, run, cluster.ranks)
     w = work(model, run, gpu, dp)
     row = predict(w, cluster, algorithm, run.layout, fast)

@@ -19,7 +19,7 @@ from ringtree.sim.hardware import Cluster
 from ringtree.sim.layout import Training, check
 from ringtree.sim.memory import fits
 from ringtree.sim.plan import StepPrediction, predict
-from ringtree.sim.predictor import plan, work
+from ringtree.sim.predictor import default_algorithm, plan, work
 from ringtree.sim.transformer import RECOMPUTE, Transformer
 
 REPLAYED = 30  # layouts re-priced with the replayed pipeline after the closed-form pass
@@ -70,10 +70,11 @@ def search(
     gpu: GPU,
     dtype: str = "bf16",
     recompute: tuple[str, ...] = RECOMPUTE,
-    algorithm: str = "ring",
+    algorithm: str = "auto",
 ) -> Found:
     """The fastest layouts that fit in memory, each with the least ZeRO sharding it needs
-    (gradient reduction overlapped, as today's runs do)."""
+    (gradient reduction overlapped, as today's runs do); "auto" prices as `ringtree plan` does."""
+    algorithm = default_algorithm(cluster) if algorithm == "auto" else algorithm
     rough = []
     for group in candidates(model, global_batch, cluster, dtype, recompute):
         dp = check(model, group[0], cluster.ranks)
