@@ -79,7 +79,7 @@ def parallelize(
 
     loss: what a pipeline's last stage computes (its user loss_fn, what --mode dp-threads
     computes; its autocast, each stage's). sample: an input batch on `device`, asked for only
-    when --pp-balance time profiles the layers.
+    under --pp (the cut profiles the layers on it when --pp-balance is time).
     """
     if cfg.tp > 1:  # 1. the shards are made on the host, then moved with the rest
         tensor_parallel.shard(net, cfg, mesh.tp_group)
