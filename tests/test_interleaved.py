@@ -144,10 +144,10 @@ def test_trainer_interleaved_trains_as_1f1b_does() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"pp": 2, "virtual_stages": 2}, "--virtual-stages needs --schedule interleaved"),
+        ({"pp": 2, "virtual_stages": 2}, "virtual_stages needs schedule=interleaved"),
         (
             {"pp": 2, "schedule": "interleaved", "micro_batches": 3},
-            "--micro-batches 3 is not a multiple of 2",
+            "micro_batches=3 is not a multiple of 2",
         ),
     ],
 )
