@@ -1,12 +1,14 @@
 """One trainer for every parallelism: DP x TP x PP composed from one TrainConfig, on any device.
 
 The world is a Mesh: tensor-parallel groups innermost (adjacent ranks, one node), then pipeline
-stages, then data-parallel replicas. Each rank builds the model, shards the vit's blocks over its
-TP group (--tp), keeps its pipeline stage (--pp), and wraps what it trains in ringtree's
-DistributedDataParallel over its DP group, so every DP option (algorithm, buckets, overlap,
-compression, accumulation, checkpoints) works in every layout. Without --pp a step is the seeds'
-flow: forward, backward (the last micro-batch synchronizing), AdamW; with --pp the pipeline
-runtime runs the schedule and the step. The master-rank `--mode dp` replaces DDP when asked.
+stages, then data-parallel replicas. Each rank builds the model and hands it to `parallelize`
+(ringtree.train.parallelize), which shards it over its TP group (--tp), checkpoints activations,
+keeps its pipeline stage (--pp), and wraps what it trains in ringtree's DistributedDataParallel
+or ShardedDataParallel (--zero) over its DP group, so every DP option (algorithm, buckets,
+overlap, compression, accumulation, checkpoints) works in every layout. The trainer runs the loop
+and owns checkpoints, metrics and the summary. Without --pp a step is the seeds' flow: forward,
+backward (the last micro-batch synchronizing), AdamW; with --pp the pipeline runtime runs the
+schedule and the step. The master-rank `--mode dp` replaces DDP when asked.
 
 Losses and metrics stay on the device during the loop; the host reads them once per log
 interval (the progress bar) and once at the end (the summary).
@@ -32,35 +34,29 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
 from ringtree.parallel.dp_threads import ThreadedDataParallel
-from ringtree.parallel.pipeline.interleaved import InterleavedStage
-from ringtree.parallel.pipeline.runtime import MicroBatch, PipelineStage, StageRun
+from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, interrupt, memory, sharded_checkpoint, tensor_parallel
-from ringtree.train.config import THREAD_MODES, TrainConfig, check_world, device_type
+from ringtree.train.config import TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.loss import TrainingLoss
 from ringtree.train.metrics import Meter
-from ringtree.train.pipelining import (
-    ChunkDDPs,
-    Chunks,
-    Stage,
-    checkpointed,
-    cut,
-    gather_stages,
-    measured_bubble,
-    runs,
+from ringtree.train.parallelize import (
+    DataParallel,
+    Pipeline,
+    check,
+    parallelize,
+    virtual_stages,
 )
+from ringtree.train.pipelining import ChunkDDPs, gather_stages, measured_bubble, runs
 from ringtree.train.progress import ProgressBar
-from ringtree.train.stages import model_layers
 from ringtree.train.stragglers import StragglerMonitor
 from ringtree.train.summary import build_summary
 from ringtree.train.techniques import MixedPrecision, PrefetchLoader, ShardedStream, load_teacher
-from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
 from ringtree.train.trace import Event, Recorder
 
 Batch = Sequence[torch.Tensor]  # (inputs, targets)
-DataParallel = DistributedDataParallel | ShardedDataParallel  # --zero 0 | --zero 1-3
 
 
 @dataclass
@@ -105,7 +101,7 @@ class Trainer:
             "dataset": type(train_dataset).__name__,
             "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
         }
-        _check_model(self.net, self.cfg)
+        check(self.net, self.cfg)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, trace: bool = False) -> Trainer:
@@ -142,43 +138,12 @@ def preflight(cfg: TrainConfig) -> None:
     ValueError here, in the launching process, instead of a traceback from every worker."""
     make_datasets(cfg.dataset)
     make_loss(cfg.loss)
-    _check_model(make_model(cfg.model), cfg)
+    check(make_model(cfg.model), cfg)
     if cfg.teacher is not None:
         load_teacher(cfg.teacher, make_model, report=print)  # a damaged file is named here, once
     resume = cfg.resume and cfg.checkpoint_dir is not None  # no usable checkpoint: said here, once
     if resume and sharded_checkpoint.newest(cfg.checkpoint_dir) is None:  # type: ignore[arg-type]
         checkpoint.load(cfg.checkpoint_dir)  # type: ignore[arg-type]
-
-
-def _check_model(net: nn.Module, cfg: TrainConfig) -> None:
-    """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
-    tensor_parallel.check(net, cfg)
-    if cfg.pp > 1 and getattr(getattr(net, "cfg", None), "tied", False):
-        raise ValueError(
-            "--pp puts the embedding and the output head on different stages, so they cannot share "
-            "their weight; use --model gpt (untied) with --pp"
-        )
-    if cfg.pp > 1:
-        try:
-            layers = model_layers(net if not isinstance(net, nn.ModuleList) else nn.Sequential(*net))
-        except TypeError as e:
-            raise ValueError(str(e)) from None
-        if cfg.pp > len(layers):
-            raise ValueError(
-                f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
-                f"use --pp {len(layers)} or fewer"
-            )
-        chunks = cfg.pp * _virtual_stages(cfg)
-        if chunks > len(layers):
-            raise ValueError(
-                f"--pp {cfg.pp} x --virtual-stages {_virtual_stages(cfg)} = {chunks} chunks, more than the "
-                f"{len(layers)} layers of the model; use fewer virtual stages"
-            )
-
-
-def _virtual_stages(cfg: TrainConfig) -> int:
-    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, else 1."""
-    return int(cfg.get("virtual_stages")) if cfg.schedule == "interleaved" else 1
 
 
 def _join_world(cfg: TrainConfig) -> bool:
@@ -196,14 +161,6 @@ def _join_world(cfg: TrainConfig) -> bool:
     return True
 
 
-def _thread_devices(cfg: TrainConfig) -> list[torch.device]:
-    """--mode dp-threads' devices: every GPU (or the first --threads), else --threads CPU copies."""
-    if device_type(cfg) == "cuda":
-        n = torch.cuda.device_count() if cfg.threads is None else min(cfg.threads, torch.cuda.device_count())
-        return [torch.device("cuda", k) for k in range(n)]
-    return [torch.device("cpu")] * cfg.get("threads")
-
-
 def _device(cfg: TrainConfig) -> torch.device:
     if device_type(cfg) == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -213,14 +170,9 @@ def _device(cfg: TrainConfig) -> torch.device:
 
 
 @dataclass
-class _Pipeline:
-    """This rank's pipeline: all stages (sharing the model's parameters), its own, the runtime."""
+class _PipelineRecord:
+    """What this rank's pipeline runs measured, for the summary."""
 
-    stages: list[nn.Sequential]  # interleaved: per rank, its chunks
-    stage: Stage | Chunks
-    runner: PipelineStage | InterleavedStage
-    ddp: DataParallel | ChunkDDPs | None
-    schedule: str
     windows: list[list[float]] = field(default_factory=list)  # per run: [start, end, busy] (wall clock)
     peak_activation_bytes: int = 0
     peak_versions: int = 1
@@ -239,22 +191,23 @@ class _Run:
         self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp)
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
-        if cfg.tp > 1:  # the shards are made on the host, then moved with the rest
-            tensor_parallel.shard(self.net, cfg, self.mesh.tp_group)
-        self.net.to(self.device)
         self.amp = MixedPrecision(cfg.amp, self.device.type)
         teacher = None
         if cfg.teacher is not None:
             teacher = load_teacher(cfg.teacher, make_model)[0].to(self.device)
         self.loss = TrainingLoss(trainer.loss_fn, cfg, teacher, self.amp)
+        self.parallel = parallelize(
+            self.net, cfg, self.mesh, self.device, loss=self.loss, sample=self._sample
+        )
+        self.model, self.threaded, self.pipe = self.parallel.model, self.parallel.threaded, self.parallel.pipe
+        self.pipe_record = _PipelineRecord()
+        self.segments = self.parallel.segments
         self.recorder = Recorder(self.rank, enabled=trainer.trace)
         self.meter = Meter()
         self.activations = memory.ActivationMeter(self.net)
-        self.model: DataParallel | MasterDataParallel | None = None
-        self.pipe: _Pipeline | None = None
-        self.threaded: ThreadedDataParallel | None = None
-        self.segments = self._build_pipeline() if cfg.pp > 1 else self._build_replica()
-        self.optimizer = torch.optim.AdamW(self._trained(), lr=cfg.get("lr"), weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.parallel.trained, lr=cfg.get("lr"), weight_decay=cfg.weight_decay
+        )
         self.model_state_bytes = 0  # the most parameters + gradients + optimizer states held
         self.step = 0
         self.stragglers = (
@@ -265,99 +218,10 @@ class _Run:
 
     # -- setup ------------------------------------------------------------------------------
 
-    def _ddp(self, module: nn.Module, overlap: bool) -> DataParallel:
-        cfg = self.cfg
-        if cfg.zero:
-            return ShardedDataParallel(
-                module,
-                self.mesh.dp_group,
-                zero=cfg.zero,
-                algorithm=cfg.algorithm,
-                bucket_cap_mb=cfg.get("bucket_mb"),
-                timeout_s=cfg.get("timeout_s"),
-            )
-        return DistributedDataParallel(
-            module,
-            bucket_cap_mb=cfg.get("bucket_mb"),
-            algorithm=cfg.algorithm,
-            compression=cfg.compression,
-            overlap=overlap,
-            timeout_s=cfg.get("timeout_s"),
-            process_group=self.mesh.dp_group,
-        )
-
-    def _build_replica(self) -> int:
-        """No pipeline: the whole model (TP-sharded or not) in DDP, or in the master-rank mode."""
-        cfg, body, segments = self.cfg, self.net, 0
-        if cfg.checkpoint_activations:
-            if isinstance(self.net, nn.Sequential):
-                body, segments = checkpointed(self.net, cfg.checkpoint_segments, True)
-            else:
-                segments = enable_checkpointing(self.net, cfg.checkpoint_segments)
-        if cfg.mode == "dp":
-            self.model = MasterDataParallel(body, cfg.algorithm, timeout_s=cfg.get("timeout_s"))
-        elif cfg.mode in THREAD_MODES:
-            self.threaded = ThreadedDataParallel(
-                body, _thread_devices(cfg), balanced=cfg.mode.endswith("balanced"), loss_fn=self.t.loss_fn
-            )
-        else:
-            self.model = self._ddp(body, bool(cfg.get("overlap")))
-        return segments
-
-    def _sharded(self) -> ShardedDataParallel | None:
-        """This rank's ShardedDataParallel (--zero 1-3), if any."""
-        model = self.model if self.pipe is None else self.pipe.ddp
-        return model if isinstance(model, ShardedDataParallel) else None
-
-    def _trained(self) -> list[nn.Parameter]:
-        """What the optimizer steps: the ZeRO shards, or the whole model's parameters."""
-        sharded = self._sharded()
-        return list(self.net.parameters()) if sharded is None else sharded.shard_parameters()
-
-    def _build_interleaved(self, sample: torch.Tensor) -> int:
-        """Interleaved 1F1B: the model cut into pp x V chunks; this rank runs chunks c pp + pp_rank."""
-        cfg, mesh, v = self.cfg, self.mesh, _virtual_stages(self.cfg)
-        virtual = cut(model_layers(self.net), cfg.pp * v, cfg.get("pp_balance"), sample)
-        stages, ddps, segments = [], [], 0
-        for c in range(v):
-            body, chunk_segments = checkpointed(
-                virtual[c * cfg.pp + mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
-            )
-            segments = max(segments, chunk_segments)
-            ddp = None
-            if any(p.requires_grad for p in body.parameters()):
-                ddp = self._ddp(body, False)
-                assert isinstance(ddp, DistributedDataParallel)  # the config refuses --zero here
-                ddps.append(ddp)
-            stages.append(Stage(ddp if ddp is not None else body, self.amp.autocast))
-        runner = InterleavedStage(
-            stages, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss, device=self.device
-        )
-        per_rank = [nn.Sequential(*(virtual[c * cfg.pp + j] for c in range(v))) for j in range(cfg.pp)]
-        self.pipe = _Pipeline(
-            per_rank, Chunks(stages), runner, ChunkDDPs(ddps) if ddps else None, "interleaved"
-        )
-        return segments
-
-    def _build_pipeline(self) -> int:
-        cfg, mesh = self.cfg, self.mesh
-        sample = next(iter(DataLoader(self.t.train_set, batch_size=cfg.get("batch_size"))))[0].to(self.device)
-        if cfg.schedule == "interleaved":
-            return self._build_interleaved(sample)
-        stages = cut(model_layers(self.net), cfg.pp, cfg.get("pp_balance"), sample)
-        body, segments = checkpointed(
-            stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
-        )
-        schedule = cfg.get("schedule")
-        ddp = None
-        if any(p.requires_grad for p in body.parameters()):
-            ddp = self._ddp(body, bool(cfg.get("overlap")) and schedule in SYNCHRONOUS)
-        stage = Stage(ddp if ddp is not None else body, self.amp.autocast)
-        runner = PipelineStage(
-            stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=self.loss, device=self.device
-        )
-        self.pipe = _Pipeline(stages, stage, runner, ddp, schedule)
-        return segments
+    def _sample(self) -> torch.Tensor:
+        """A first batch's inputs on the device (what --pp-balance time profiles the layers on)."""
+        first = next(iter(DataLoader(self.t.train_set, batch_size=self.cfg.get("batch_size"))))
+        return first[0].to(self.device)  # type: ignore[no-any-return]
 
     def _loader(self) -> tuple[Iterable[Batch], Any]:
         """This DP rank's batches (every rank of a TP group and of a pipeline reads the same)."""
@@ -515,7 +379,7 @@ class _Run:
         self.step += 1
         return total, *self._comm_of(model)
 
-    def _pipeline_step(self, pipe: _Pipeline, unit: list[list[MicroBatch]]) -> tuple[int, float, float]:
+    def _pipeline_step(self, pipe: Pipeline, unit: list[list[MicroBatch]]) -> tuple[int, float, float]:
         """K runs of the schedule, the last one synchronizing DDP and stepping (pipedream: K = 1)."""
         self.loss.weight = 1.0 / len(unit)
         comm = [0.0, 0.0]
@@ -529,17 +393,18 @@ class _Run:
             samples += sum(len(y) for _, y in micro)
             if pipe.runner.is_last:
                 self.loss.prepare(x for x, _ in micro)
-            schedule = build(pipe.schedule, self.cfg.pp, len(micro), _virtual_stages(self.cfg))
-            pipe.micro_batches_per_run = max(pipe.micro_batches_per_run, len(micro))
+            schedule = build(pipe.schedule, self.cfg.pp, len(micro), virtual_stages(self.cfg))
+            record = self.pipe_record
+            record.micro_batches_per_run = max(record.micro_batches_per_run, len(micro))
             last = k == len(unit) - 1
             pipe.stage.arm(schedule, self.mesh.pp_rank, sync=last)
             step: Callable[[], None] = (
                 (lambda: self._pipeline_optimizer_step(pipe, comm)) if last else _nothing
             )
-            self._record(pipe, pipe.runner.run(schedule, micro, step=step))
+            self._record(pipe.runner.run(schedule, micro, step=step))
         return samples, comm[0], comm[1]
 
-    def _pipeline_optimizer_step(self, pipe: _Pipeline, comm: list[float]) -> None:
+    def _pipeline_optimizer_step(self, pipe: Pipeline, comm: list[float]) -> None:
         synchronous = pipe.schedule in SYNCHRONOUS
         if pipe.ddp is not None:
             if not synchronous or isinstance(pipe.ddp, ChunkDDPs):  # explicit: no backward synchronized
@@ -588,16 +453,17 @@ class _Run:
                 f"all_reduce bucket {s.bucket}", s.start, s.end, "comm", bytes=s.nbytes, **detail
             )
 
-    def _record(self, pipe: _Pipeline, result: StageRun) -> None:
+    def _record(self, result: StageRun) -> None:
         """Trace spans, the run's [start, end, busy] window, the memory and version peaks."""
         work = [s for s in result.spans if s.kind != "step"]
         for s in result.spans:
             self.recorder.add(s.kind, s.start, s.end, micro_batch=s.micro_batch, stage=self.mesh.pp_rank)
         offset = time.time() - time.perf_counter()  # wall clock: comparable across the host's processes
         busy = sum(s.end - s.start for s in work)
-        pipe.windows.append([work[0].start + offset, work[-1].end + offset, busy])
-        pipe.peak_activation_bytes = max(pipe.peak_activation_bytes, result.peak_activation_bytes)
-        pipe.peak_versions = max(pipe.peak_versions, result.peak_versions)
+        record = self.pipe_record
+        record.windows.append([work[0].start + offset, work[-1].end + offset, busy])
+        record.peak_activation_bytes = max(record.peak_activation_bytes, result.peak_activation_bytes)
+        record.peak_versions = max(record.peak_versions, result.peak_versions)
 
     def _read_last(self) -> float:
         """The last step's loss on the host (the one read per log interval); nan on a non-last stage."""
@@ -626,7 +492,7 @@ class _Run:
                 f"the checkpoint in {cfg.checkpoint_dir} holds model {state['model_name']!r}, not {name!r}; "
                 f"pass --model {state['model_name']} or another --checkpoint-dir"
             )
-        zero = self._sharded()
+        zero = self.parallel.sharded
         if zero is None:
             tensor_parallel.load(self.net, self.optimizer, name, state)
         else:  # today's dense checkpoint, cut into this rank's shards
@@ -646,7 +512,7 @@ class _Run:
                 f"the checkpoint {path} holds model {record['model_name']!r}, not {name!r}; "
                 f"pass --model {record['model_name']} or another --checkpoint-dir"
             )
-        zero = self._sharded()
+        zero = self.parallel.sharded
         if zero is None:  # --zero 0: the pieces assembled into the dense state
             state = sharded_checkpoint.dense_state(path, self.net, self.optimizer)
             tensor_parallel.load(self.net, self.optimizer, name, state)
@@ -667,7 +533,7 @@ class _Run:
         cfg = self.cfg
         if cfg.checkpoint_dir is None:
             return
-        zero = self._sharded()
+        zero = self.parallel.sharded
         if zero is not None:  # every rank writes its own shard
             own = {id(b) for b in (zero.module.buffers())}
             buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own}
@@ -677,7 +543,7 @@ class _Run:
                 cfg.checkpoint_dir, self.step, name, zero, self.optimizer, self._names(), buffers, keep
             )
             return
-        sharded = self._sharded()
+        sharded = self.parallel.sharded
         if sharded is not None:
             sharded.gather_parameters()
         if self.pipe is not None:
@@ -745,7 +611,7 @@ class _Run:
             **memory.fullest_rank_mb(self.model_state_bytes, self._activation_bytes(), self.device),
         }
         if self.pipe is not None:
-            metrics |= self._pipeline_metrics(self.pipe)
+            metrics |= self._pipeline_metrics(self.pipe_record)
         if self.threaded is not None:
             stats = self.threaded.stats()
             metrics |= {
@@ -757,7 +623,7 @@ class _Run:
 
     def _activation_bytes(self) -> int:
         """The most activation bytes this rank saved for backward at once (its stage's under --pp)."""
-        return self.activations.peak_bytes if self.pipe is None else self.pipe.peak_activation_bytes
+        return self.activations.peak_bytes if self.pipe is None else self.pipe_record.peak_activation_bytes
 
     def _losses(self) -> tuple[float | None, float | None]:
         """(last epoch's mean, last step's mean) training loss over every replica: one host read."""
@@ -775,7 +641,7 @@ class _Run:
         epoch_sum, epoch_n, last_sum, last_n = sums.tolist()
         return (epoch_sum / epoch_n if epoch_n else None), (last_sum / last_n if last_n else None)
 
-    def _pipeline_metrics(self, pipe: _Pipeline) -> dict[str, Any]:
+    def _pipeline_metrics(self, pipe: _PipelineRecord) -> dict[str, Any]:
         cfg, group = self.cfg, self.mesh.pp_group
         mine = torch.tensor(pipe.windows or [[0.0, 1.0, 0.0]], dtype=torch.float64, device=self.device)
         every = [torch.empty_like(mine) for _ in range(cfg.pp)]
@@ -790,7 +656,7 @@ class _Run:
         return {
             "bubble_fraction": measured_bubble(torch.stack(every).cpu()),
             "theoretical_bubble_fraction": theoretical_bubble_fraction(
-                cfg.pp, pipe.micro_batches_per_run, _virtual_stages(cfg)
+                cfg.pp, pipe.micro_batches_per_run, virtual_stages(cfg)
             ),
             "peak_activation_bytes_per_stage": [int(t[0]) for t in per_stage],
             "weight_versions_per_stage": [int(t[1]) for t in per_stage],

@@ -1,0 +1,237 @@
+"""The parallelize step: one rank's share of the model, wrapped in every parallel dim the config asks.
+
+`parallelize(net, cfg, mesh, device, loss=..., sample=...)` applies, in this order:
+
+1. tensor parallelism: the TP plan's column/row layers (the vit's blocks without a plan), with
+   sequence parallelism when asked; the shards are made on the host, then the model is moved;
+2. activation checkpointing, of the whole model, or (under --pp) of each stage once cut: its
+   segments never span two stages;
+3. the pipeline cut: pp stages, or pp x V chunks with this rank's V under interleaved 1F1B;
+4. data parallelism over the DP group: ringtree's DistributedDataParallel (--zero 0) or
+   ShardedDataParallel (--zero 1-3), one per stage or chunk; the master-rank `--mode dp` and the
+   single-process `--mode dp-threads` in its place when asked.
+
+The trainer runs the loop on the result and owns checkpoints, metrics and the summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
+from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.pipeline.interleaved import InterleavedStage
+from ringtree.parallel.pipeline.runtime import PipelineStage
+from ringtree.schedules.pipeline import SYNCHRONOUS
+from ringtree.train import tensor_parallel
+from ringtree.train.config import THREAD_MODES, TrainConfig, device_type
+from ringtree.train.loss import TrainingLoss
+from ringtree.train.pipelining import ChunkDDPs, Chunks, Stage, checkpointed, cut
+from ringtree.train.stages import model_layers
+from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
+
+DataParallel = DistributedDataParallel | ShardedDataParallel  # --zero 0 | --zero 1-3
+
+
+@dataclass
+class Pipeline:
+    """This rank's pipeline: every stage (sharing the model's parameters), its own, the runtime."""
+
+    stages: list[nn.Sequential]  # interleaved: per rank, its chunks
+    stage: Stage | Chunks
+    runner: PipelineStage | InterleavedStage
+    ddp: DataParallel | ChunkDDPs | None
+    schedule: str
+
+
+@dataclass
+class Parallelized:
+    """What parallelize made: one of model (replica), threaded or pipe; what the optimizer steps;
+    the activation checkpoint segments (0: off)."""
+
+    model: DataParallel | MasterDataParallel | None
+    threaded: ThreadedDataParallel | None
+    pipe: Pipeline | None
+    trained: list[nn.Parameter]
+    segments: int
+
+    @property
+    def sharded(self) -> ShardedDataParallel | None:
+        """This rank's ShardedDataParallel (--zero 1-3), if any."""
+        model = self.model if self.pipe is None else self.pipe.ddp
+        return model if isinstance(model, ShardedDataParallel) else None
+
+
+def parallelize(
+    net: nn.Module,
+    cfg: TrainConfig,
+    mesh: Mesh,
+    device: torch.device,
+    *,
+    loss: TrainingLoss,
+    sample: Callable[[], torch.Tensor],
+) -> Parallelized:
+    """Shard, checkpoint, cut and wrap `net` (in place) as `cfg` says, for this rank of `mesh`.
+
+    loss: what a pipeline's last stage computes (its user loss_fn, what --mode dp-threads
+    computes; its autocast, each stage's). sample: an input batch on `device`, asked for only
+    under --pp (the cut profiles the layers on it when --pp-balance is time).
+    """
+    if cfg.tp > 1:  # 1. the shards are made on the host, then moved with the rest
+        tensor_parallel.shard(net, cfg, mesh.tp_group)
+    net.to(device)
+    if cfg.pp > 1:  # 2.-4. cut, then each stage checkpointed and in DP
+        pipe, segments = _pipeline(net, cfg, mesh, device, loss, sample)
+        return _result(net, None, None, pipe, segments)
+    body, segments = _checkpointed(net, cfg)  # 2.
+    if cfg.mode == "dp":  # 4.
+        master = MasterDataParallel(body, cfg.algorithm, timeout_s=cfg.get("timeout_s"))
+        return _result(net, master, None, None, segments)
+    if cfg.mode in THREAD_MODES:
+        balanced = cfg.mode.endswith("balanced")
+        threaded = ThreadedDataParallel(body, thread_devices(cfg), balanced=balanced, loss_fn=loss.fn)
+        return _result(net, None, threaded, None, segments)
+    return _result(net, data_parallel(body, cfg, mesh, bool(cfg.get("overlap"))), None, None, segments)
+
+
+def _result(
+    net: nn.Module,
+    model: DataParallel | MasterDataParallel | None,
+    threaded: ThreadedDataParallel | None,
+    pipe: Pipeline | None,
+    segments: int,
+) -> Parallelized:
+    """The result, with what the optimizer steps: the ZeRO shards, or the whole model's parameters."""
+    made = Parallelized(model, threaded, pipe, [], segments)
+    sharded = made.sharded
+    made.trained = list(net.parameters()) if sharded is None else sharded.shard_parameters()
+    return made
+
+
+def data_parallel(module: nn.Module, cfg: TrainConfig, mesh: Mesh, overlap: bool) -> DataParallel:
+    """`module` replicated over the DP group: DDP's buckets (--zero 0), or ZeRO's shards (1-3)."""
+    if cfg.zero:
+        return ShardedDataParallel(
+            module,
+            mesh.dp_group,
+            zero=cfg.zero,
+            algorithm=cfg.algorithm,
+            bucket_cap_mb=cfg.get("bucket_mb"),
+            timeout_s=cfg.get("timeout_s"),
+        )
+    return DistributedDataParallel(
+        module,
+        bucket_cap_mb=cfg.get("bucket_mb"),
+        algorithm=cfg.algorithm,
+        compression=cfg.compression,
+        overlap=overlap,
+        timeout_s=cfg.get("timeout_s"),
+        process_group=mesh.dp_group,
+    )
+
+
+def _checkpointed(net: nn.Module, cfg: TrainConfig) -> tuple[nn.Module, int]:
+    """The whole model with activation checkpointing when asked, and its segments (0: off)."""
+    if not cfg.checkpoint_activations:
+        return net, 0
+    if isinstance(net, nn.Sequential):
+        return checkpointed(net, cfg.checkpoint_segments, True)
+    return net, enable_checkpointing(net, cfg.checkpoint_segments)
+
+
+def _pipeline(
+    net: nn.Module,
+    cfg: TrainConfig,
+    mesh: Mesh,
+    device: torch.device,
+    loss: TrainingLoss,
+    sample: Callable[[], torch.Tensor],
+) -> tuple[Pipeline, int]:
+    """This rank's stage in DDP and the runtime that runs it; its checkpoint segments."""
+    if cfg.schedule == "interleaved":
+        return _interleaved(net, cfg, mesh, device, loss, sample())
+    stages = cut(model_layers(net), cfg.pp, cfg.get("pp_balance"), sample())
+    body, segments = checkpointed(stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations)
+    schedule = cfg.get("schedule")
+    ddp = None
+    if any(p.requires_grad for p in body.parameters()):
+        ddp = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")) and schedule in SYNCHRONOUS)
+    stage = Stage(ddp if ddp is not None else body, loss.amp.autocast)
+    runner = PipelineStage(
+        stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=loss, device=device
+    )
+    return Pipeline(stages, stage, runner, ddp, schedule), segments
+
+
+def _interleaved(
+    net: nn.Module,
+    cfg: TrainConfig,
+    mesh: Mesh,
+    device: torch.device,
+    loss: TrainingLoss,
+    sample: torch.Tensor,
+) -> tuple[Pipeline, int]:
+    """Interleaved 1F1B: the model cut into pp x V chunks; this rank runs chunks c pp + pp_rank."""
+    v = virtual_stages(cfg)  # c: chunk of this rank, j: pipeline rank
+    virtual = cut(model_layers(net), cfg.pp * v, cfg.get("pp_balance"), sample)
+    stages, ddps, segments = [], [], 0
+    for c in range(v):
+        body, chunk_segments = checkpointed(
+            virtual[c * cfg.pp + mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations
+        )
+        segments = max(segments, chunk_segments)
+        ddp = None
+        if any(p.requires_grad for p in body.parameters()):
+            ddp = data_parallel(body, cfg, mesh, False)
+            assert isinstance(ddp, DistributedDataParallel)  # the config refuses --zero here
+            ddps.append(ddp)
+        stages.append(Stage(ddp if ddp is not None else body, loss.amp.autocast))
+    runner = InterleavedStage(
+        stages, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=loss, device=device
+    )
+    per_rank = [nn.Sequential(*(virtual[c * cfg.pp + j] for c in range(v))) for j in range(cfg.pp)]
+    pipe = Pipeline(per_rank, Chunks(stages), runner, ChunkDDPs(ddps) if ddps else None, "interleaved")
+    return pipe, segments
+
+
+def virtual_stages(cfg: TrainConfig) -> int:
+    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, else 1."""
+    return int(cfg.get("virtual_stages")) if cfg.schedule == "interleaved" else 1
+
+
+def thread_devices(cfg: TrainConfig) -> list[torch.device]:
+    """--mode dp-threads' devices: every GPU (or the first --threads), else --threads CPU copies."""
+    if device_type(cfg) == "cuda":
+        n = torch.cuda.device_count() if cfg.threads is None else min(cfg.threads, torch.cuda.device_count())
+        return [torch.device("cuda", k) for k in range(n)]
+    return [torch.device("cpu")] * cfg.get("threads")
+
+
+def check(net: nn.Module, cfg: TrainConfig) -> None:
+    """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
+    tensor_parallel.check(net, cfg)
+    if cfg.pp > 1 and getattr(getattr(net, "cfg", None), "tied", False):
+        raise ValueError(
+            "--pp puts the embedding and the output head on different stages, so they cannot share "
+            "their weight; use --model gpt (untied) with --pp"
+        )
+    if cfg.pp > 1:
+        try:
+            layers = model_layers(net if not isinstance(net, nn.ModuleList) else nn.Sequential(*net))
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+        if cfg.pp > len(layers):
+            raise ValueError(
+                f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
+                f"use --pp {len(layers)} or fewer"
+            )
+        chunks = cfg.pp * virtual_stages(cfg)
+        if chunks > len(layers):
+            raise ValueError(
+                f"--pp {cfg.pp} x --virtual-stages {virtual_stages(cfg)} = {chunks} chunks, more than the "
+                f"{len(layers)} layers of the model; use fewer virtual stages"
+            )
