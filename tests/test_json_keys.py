@@ -72,3 +72,14 @@ def test_show_json_has_the_documented_keys(tmp_path: Path, args: list[str], page
     table = documented(page, command)
     assert len(set(table)) == len(table)
     assert sorted(keys(json.loads(out.read_text()))) == sorted(table)
+
+
+def test_sim_rows_have_the_documented_keys(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    args = ["sim", "--cluster", "dgx-h100", "--nodes", "2", "--algorithm", "native", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = documented("simulator.md", "sim")
+    assert len(set(table)) == len(table)
+    rows = json.loads(out.read_text())
+    assert rows and all(keys(row) == table for row in rows)
