@@ -83,3 +83,17 @@ def test_sim_rows_have_the_documented_keys(tmp_path: Path) -> None:
     assert len(set(table)) == len(table)
     rows = json.loads(out.read_text())
     assert rows and all(keys(row) == table for row in rows)
+
+
+def test_calibrate_writes_the_documented_keys_once(tmp_path: Path) -> None:
+    out = tmp_path / "cal.json"
+    logs = Path(__file__).parent / "data" / "nccl-tests"
+    args = ["calibrate", str(logs / "a100-1x8-old.log"), str(logs / "a100-2x8-mpirun.log"), "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = documented("simulator.md", "calibrate")
+    assert len(set(table)) == len(table)
+    data = json.loads(out.read_text())
+    assert set(keys(data)) <= set(table), set(keys(data)) - set(table)
+    assert set(table) - set(keys(data)) == {"inter_bandwidth_Bps"}  # two-level bench fits only
+    assert not {"rows", "rms_rel_error", "max_rel_error", "levels"} & set(data["nccl"])  # the top's

@@ -230,14 +230,19 @@ def calibrate(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if nccl is not None:
-        # with bench rows too, ringtree's own algorithms keep the bench-fitted links
-        fitted = replace(fitted, nccl={**nccl, "links_from_bench": bool(bench_rows)})
+        # with bench rows too, ringtree's own algorithms keep the bench-fitted links, and the NCCL
+        # fit's statistics stay under `nccl`; without them they are the top level's (one key each)
+        kept = nccl if bench_rows else {k: v for k, v in nccl.items() if k not in _FIT_STATS}
+        fitted = replace(fitted, nccl={**kept, "links_from_bench": bool(bench_rows)})
     write_json(target, {**fitted.as_dict(), "source": [str(f) for f in files]})
     if bench_rows:
         _print_bench_fit(fitted, bench_rows, target)
     if nccl is not None:
         _print_nccl_fit(nccl, target)
         _print_interpolation(nccl)
+
+
+_FIT_STATS = ("rows", "rms_rel_error", "max_rel_error", "levels")  # a fit's residuals
 
 
 def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
