@@ -50,7 +50,35 @@ class SyncStats:
     spans: list[Span] = field(default_factory=list)
 
 
-class DistributedDataParallel(nn.Module):
+class SyncSwitch:
+    """When a data-parallel wrapper's backward synchronizes: the one switch DDP and ZeRO share.
+
+    A forward outside no_sync() (or sync_next_backward()) makes the next backward synchronize;
+    inside no_sync() backward only accumulates (ZeRO 2/3: into summed gradient shards).
+    """
+
+    _sync_enabled: bool = True  # False inside no_sync()
+    _expect_sync: bool = False  # set by a forward outside no_sync, cleared when the sync ends
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside, backward only accumulates gradients locally (gradient accumulation)."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def sync_next_backward(self) -> None:
+        """Make the backward that starts now synchronize, whatever no_sync() said at its forward.
+
+        For callers that run several forwards before their backwards (a pipeline stage's
+        micro-batches): every forward under no_sync(), then this just before the last backward.
+        """
+        self._expect_sync = True
+
+
+class DistributedDataParallel(SyncSwitch, nn.Module):
     """A drop-in for torch.nn.parallel.DistributedDataParallel with a pluggable all-reduce algorithm.
 
     `algorithm`: any of ringtree.comm.algorithms() ("native" is torch's own). `compression`:
@@ -119,23 +147,6 @@ class DistributedDataParallel(nn.Module):
                     src=self._src,
                 )
         return self.module(*inputs, **kwargs)
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Inside, backward only accumulates gradients locally (gradient accumulation)."""
-        previous, self._sync_enabled = self._sync_enabled, False
-        try:
-            yield
-        finally:
-            self._sync_enabled = previous
-
-    def sync_next_backward(self) -> None:
-        """Make the backward that starts now synchronize, whatever no_sync() said at its forward.
-
-        For callers that run several forwards before their backwards (a pipeline stage's
-        micro-batches): every forward under no_sync(), then this just before the last backward.
-        """
-        self._expect_sync = True
 
     def sync_gradients(self) -> None:
         """All-reduce, in buckets, the gradients already in `.grad` (outside any backward).

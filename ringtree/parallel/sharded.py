@@ -24,10 +24,9 @@ Index names: b bucket, i parameter within a bucket, r this rank's index in the g
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from torch.utils.hooks import RemovableHandle
 from ringtree import comm
 from ringtree.comm import CollectiveError
 from ringtree.parallel.buckets import MB, assign
-from ringtree.parallel.ddp import SyncStats, _union
+from ringtree.parallel.ddp import SyncStats, SyncSwitch, _union
 from ringtree.parallel.launcher import Span
 from ringtree.parallel.replicas import broadcast_state
 from ringtree.parallel.shards import FlatBucket, flatten
@@ -52,7 +51,7 @@ def zero_algorithms() -> list[str]:
     return [a for a in comm.algorithms("reduce_scatter") if a in gather]
 
 
-class ShardedDataParallel(nn.Module):
+class ShardedDataParallel(SyncSwitch, nn.Module):
     """ZeRO stage `zero` (1, 2 or 3) over `process_group`; step `shard_parameters()` with any optimizer.
 
     ```python
@@ -121,19 +120,6 @@ class ShardedDataParallel(nn.Module):
         if self.zero < 3:
             self._gather_stepped()
         return self.module(*inputs, **kwargs)
-
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Inside, backward accumulates (zero 1: whole gradients locally; 2/3: summed shards)."""
-        previous, self._sync_enabled = self._sync_enabled, False
-        try:
-            yield
-        finally:
-            self._sync_enabled = previous
-
-    def sync_next_backward(self) -> None:
-        """Make the backward that starts now synchronize, whatever no_sync() said at its forward."""
-        self._expect_sync = True
 
     def sync_gradients(self) -> None:
         """Reduce the gradients already in `.grad` (computed outside the hooks) into the shards."""
