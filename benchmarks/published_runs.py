@@ -6,8 +6,8 @@ the figure they published and where) becomes the planner's contract command
     ringtree plan --model transformer --layers L --hidden H --heads A [--kv-heads K]
         [--ffn-hidden F] [--mlp gelu|swiglu] --seq S --vocab V --global-batch B --micro-batch b
         --tp T --pp P [--cp C] [--virtual-stages V] [--sequence-parallel] [--zero Z]
-        [--overlap] [--no-flash-attention] --nodes N --cluster NAME --dtype fp16|bf16
-        --recompute none|selective|full --json OUT
+        [--overlap] [--no-flash-attention] [--attention-kernel flash2] --nodes N --cluster NAME
+        --dtype fp16|bf16 --recompute none|selective|full --json OUT
 
 (optional flags only where the row needs them), which is run; `step_s`, `mfu` and `memory.fits`
 are read from its JSON. A row whose options the planner refuses (exit code 2: an option it does
@@ -72,6 +72,8 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--zero", str(t["zero"])] if t["zero"] else []
     args += ["--overlap"] if t.get("overlap") else []
     args += ["--no-flash-attention"] if not t.get("flash_attention", True) else []
+    kernel = t.get("attention_kernel", "fused")
+    args += ["--attention-kernel", kernel] if kernel != "fused" else []
     args += ["--nodes", str(s["gpus"] // s["gpus_per_node"]), "--cluster", s["cluster"]]
     return [*args, "--dtype", t["dtype"], "--recompute", t["recompute"], "--json", str(out)]
 
