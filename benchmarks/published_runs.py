@@ -235,6 +235,40 @@ def markdown(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+SHORT = {
+    "dgxc-24.11": "DGX Cloud", "dgxc-24.11-maxtext": "DGX Cloud, MaxText",
+    "nemo-megatron-2022": "NeMo-Megatron launcher",
+    "nemo-megatron-2022-07": "NeMo-Megatron launcher", "megatron-readme-2024": "Megatron-LM README",
+    "torchtitan": "torchtitan", "bloom": "BLOOM", "mt-nlg": "MT-NLG", "llama3-paper": "Llama 3",
+    "korthikanti-2022": "Korthikanti",
+}  # fmt: skip
+
+
+def docs_table(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """docs/accuracy.md's table of the rows: with each row's source, model and published words, then
+    every row's command (a row on a machine its preset only approximates is marked with a dagger)."""
+    rows = {r["id"]: r for r in data["rows"]}
+    out = ["| run | source: where | model | GPUs | layout | published | measured step (s) | "
+           "predicted step (s) | error | fits |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        row = rows[r["id"]]
+        s = row["system"]
+        gpus = f"{s['gpus']} {s['gpu'].split(' ')[0]}" + ("" if s.get("cluster_exact", True) else " †")
+        where = f"{SHORT.get(row['source'], row['source'])}: {row['where']}"
+        head = f"| {r['id']} | {where} | {row['model']['name']} | {gpus} | {_layout(row)} |"
+        head += f" {row['measured']['as_published']} |"
+        if r["status"] != "ok":
+            out.append(f"{head} | | {r['status']} | |")
+            continue
+        measured = f"{r['measured_step_s']:.3g}" if r["measured_step_s"] is not None else "–"
+        fits = {True: "yes", False: "no", None: "?"}[r["fits"]]
+        out.append(f"{head} {measured} | {r['predicted_step_s']:.3g} | {r['error']:+.1%} | {fits} |")
+    out += ["", "<details><summary>The command of every row (what the script runs)</summary>", "", "```"]
+    for r in results:
+        out += [f"# {r['id']}", r["command"]]
+    return "\n".join([*out, "```", "", "</details>"]) + "\n"
+
+
 def environment() -> dict[str, str]:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
@@ -256,6 +290,9 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="Write the results here.")
     parser.add_argument("--markdown", type=Path, help="Write the markdown table here.")
+    parser.add_argument(
+        "--docs", type=Path, help="Write docs/accuracy.md's table (sources, models, commands) here."
+    )
     args = parser.parse_args()
     data = load(args.data)
     rows = [r for r in data["rows"] if args.only in r["id"]]
@@ -271,6 +308,8 @@ def main() -> None:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     if args.markdown:
         args.markdown.write_text(table)
+    if args.docs:
+        args.docs.write_text(docs_table(data, results))
 
 
 if __name__ == "__main__":

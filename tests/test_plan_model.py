@@ -73,6 +73,7 @@ def test_degrees_that_do_not_divide_are_refused(run: Training, words: str) -> No
         (["--mlp", "relu"], "unknown --mlp 'relu'"),
         (["--kv-heads", "5"], "--kv-heads 5 must divide --heads 16"),
         (["--kv-heads", "0"], "--kv-heads must be at least 1"),
+        (["--attention-kernel", "flash9"], "unknown --attention-kernel 'flash9'; choose fused or flash2"),
     ],
 )
 def test_cli_refuses_bad_layouts_in_one_sentence(args: list[str], words: str, tmp_path: Path) -> None:
