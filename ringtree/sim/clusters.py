@@ -67,7 +67,7 @@ H200 = GPU("h200-sxm-141gb", _H100_TFLOPS, 141, 4800, 132, 0.801, _FA2_ON_HOPPER
 # Meta's Grand Teton H100 as torchtitan benchmarked it (docs/performance.md): "96GB HBM2e with 2.4
 # TB/sec", "the default 500W power limit"; "the actual peak TFLOPs number is between SXM and NVL" (H100
 # NVL datasheet: 1,671 TFLOP/s BF16 with sparsity, 835.5 dense): the midpoint of the two, 912.5
-_H100_500W_TFLOPS = {"fp32": 60, "tf32": 456, "fp16": 912.5, "bf16": 912.5}
+_H100_500W_TFLOPS = {"fp32": 61.8, "tf32": 456, "fp16": 912.5, "bf16": 912.5}
 H100_96_500W = GPU("h100-sxm-96gb-hbm2e-500w", _H100_500W_TFLOPS, 96, 2400, 132, 0.801, _FA2_ON_HOPPER)
 # FlashAttention-2 on Blackwell: taken as on Hopper (it uses neither generation's new tensor-core path)
 B200 = GPU(
