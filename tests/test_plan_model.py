@@ -74,6 +74,8 @@ def test_degrees_that_do_not_divide_are_refused(run: Training, words: str) -> No
         (["--kv-heads", "5"], "--kv-heads 5 must divide --heads 16"),
         (["--kv-heads", "0"], "--kv-heads must be at least 1"),
         (["--attention-kernel", "flash9"], "unknown --attention-kernel 'flash9'; choose fused or flash2"),
+        (["--attention-kernel", "flash2", "--no-flash-attention"], "which --no-flash-attention turns off"),
+        (["--attention-kernel", "flash2", "--search"], "--attention-kernel do not apply with --search"),
     ],
 )
 def test_cli_refuses_bad_layouts_in_one_sentence(args: list[str], words: str, tmp_path: Path) -> None:

@@ -239,6 +239,13 @@ def plan(
                   "--micro-batch": micro_batch is not None}  # fmt: skip
         if search:
             _refuse([k for k, v in chosen.items() if v], "--search (it chooses them)")
+            attention = {
+                "--no-flash-attention": not flash_attention,
+                "--attention-kernel": attention_kernel != "fused",
+            }
+            _refuse(
+                [k for k, v in attention.items() if v], "--search (it prices the GPU's fused flash attention)"
+            )
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
                   "flash_attention": flash_attention, "attention_kernel": attention_kernel}  # fmt: skip

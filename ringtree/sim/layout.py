@@ -57,6 +57,11 @@ class Training:
                 f"unknown --attention-kernel {self.attention_kernel!r}; choose "
                 f"{' or '.join(ATTENTION_KERNELS)}"
             )
+        if self.attention_kernel != "fused" and not self.flash_attention:
+            raise ValueError(
+                f"--attention-kernel {self.attention_kernel} picks a flash attention kernel, which "
+                "--no-flash-attention turns off: drop one of them"
+            )
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
         if self.sequence_parallel and self.tp == 1:
