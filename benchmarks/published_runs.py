@@ -6,8 +6,8 @@ the figure they published and where) becomes the planner's contract command
     ringtree plan --model transformer --layers L --hidden H --heads A [--kv-heads K]
         [--ffn-hidden F] [--mlp gelu|swiglu] --seq S --vocab V --global-batch B --micro-batch b
         --tp T --pp P [--cp C] [--virtual-stages V] [--sequence-parallel] [--zero Z]
-        [--overlap] [--no-flash-attention] --nodes N --cluster NAME --dtype fp16|bf16
-        --recompute none|selective|full --json OUT
+        [--overlap] [--no-flash-attention] [--attention-kernel flash2] --nodes N --cluster NAME
+        --dtype fp16|bf16 --recompute none|selective|full --json OUT
 
 (optional flags only where the row needs them), which is run; `step_s`, `mfu` and `memory.fits`
 are read from its JSON. A row whose options the planner refuses (exit code 2: an option it does
@@ -72,6 +72,8 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--zero", str(t["zero"])] if t["zero"] else []
     args += ["--overlap"] if t.get("overlap") else []
     args += ["--no-flash-attention"] if not t.get("flash_attention", True) else []
+    kernel = t.get("attention_kernel", "fused")
+    args += ["--attention-kernel", kernel] if kernel != "fused" else []
     args += ["--nodes", str(s["gpus"] // s["gpus_per_node"]), "--cluster", s["cluster"]]
     return [*args, "--dtype", t["dtype"], "--recompute", t["recompute"], "--json", str(out)]
 
@@ -233,6 +235,40 @@ def markdown(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
+SHORT = {
+    "dgxc-24.11": "DGX Cloud", "dgxc-24.11-maxtext": "DGX Cloud, MaxText",
+    "nemo-megatron-2022": "NeMo-Megatron launcher",
+    "nemo-megatron-2022-07": "NeMo-Megatron launcher", "megatron-readme-2024": "Megatron-LM README",
+    "torchtitan": "torchtitan", "bloom": "BLOOM", "mt-nlg": "MT-NLG", "llama3-paper": "Llama 3",
+    "korthikanti-2022": "Korthikanti",
+}  # fmt: skip
+
+
+def docs_table(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """docs/accuracy.md's table of the rows: with each row's source, model and published words, then
+    every row's command (a row on a machine its preset only approximates is marked with a dagger)."""
+    rows = {r["id"]: r for r in data["rows"]}
+    out = ["| run | source: where | model | GPUs | layout | published | measured step (s) | "
+           "predicted step (s) | error | fits |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        row = rows[r["id"]]
+        s = row["system"]
+        gpus = f"{s['gpus']} {s['gpu'].split(' ')[0]}" + ("" if s.get("cluster_exact", True) else " †")
+        where = f"{SHORT.get(row['source'], row['source'])}: {row['where']}"
+        head = f"| {r['id']} | {where} | {row['model']['name']} | {gpus} | {_layout(row)} |"
+        head += f" {row['measured']['as_published']} |"
+        if r["status"] != "ok":
+            out.append(f"{head} | | {r['status']} | |")
+            continue
+        measured = f"{r['measured_step_s']:.3g}" if r["measured_step_s"] is not None else "–"
+        fits = {True: "yes", False: "no", None: "?"}[r["fits"]]
+        out.append(f"{head} {measured} | {r['predicted_step_s']:.3g} | {r['error']:+.1%} | {fits} |")
+    out += ["", "<details><summary>The command of every row (what the script runs)</summary>", "", "```"]
+    for r in results:
+        out += [f"# {r['id']}", r["command"]]
+    return "\n".join([*out, "```", "", "</details>"]) + "\n"
+
+
 def environment() -> dict[str, str]:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
@@ -254,6 +290,9 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="Write the results here.")
     parser.add_argument("--markdown", type=Path, help="Write the markdown table here.")
+    parser.add_argument(
+        "--docs", type=Path, help="Write docs/accuracy.md's table (sources, models, commands) here."
+    )
     args = parser.parse_args()
     data = load(args.data)
     rows = [r for r in data["rows"] if args.only in r["id"]]
@@ -269,6 +308,8 @@ def main() -> None:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     if args.markdown:
         args.markdown.write_text(table)
+    if args.docs:
+        args.docs.write_text(docs_table(data, results))
 
 
 if __name__ == "__main__":

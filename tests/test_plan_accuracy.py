@@ -4,6 +4,7 @@ reduce-scatter, matmuls at each GPU's measured share of its peak; and the publis
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import statistics
@@ -18,7 +19,7 @@ from ringtree.cli.app import app
 from ringtree.sim import compute
 from ringtree.sim.clusters import A100_80, B200, GPU, H100, get
 from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.layout import Training
+from ringtree.sim.layout import Training, check
 from ringtree.sim.memory import stage_layers
 from ringtree.sim.plan import Layout, StepWork, predict
 from ringtree.sim.predictor import default_algorithm, plan, work
@@ -27,17 +28,11 @@ from ringtree.sim.transformer import Transformer
 
 BENCH = Path(__file__).parents[1] / "benchmarks"
 # what the published runs reach (docs/accuracy.md, "Published runs, H100 and A100"), rounded up
-MEDIAN_ABS_ERROR, MAX_ABS_ERROR, MEAN_ABS_ERROR = 0.09, 0.48, 0.145  # 8.7%, 47.7%, 14.2% reached
-# rows the memory model says do not fit, and why (docs/accuracy.md): torchtitan's 8B FSDP ran on
-# 96 GB H100s (82.4 GiB measured), the preset's hold 80 GB; Llama 3 405B's interleaving, sequence
-# parallelism and recompute are not published
-NOT_FITTING = {
-    "torchtitan-h100-llama3.1-8b-8gpu",
-    "torchtitan-h100-llama3.1-8b-128gpu",
-    "llama3-405b-8192gpu",
-    "llama3-405b-16384gpu",
-    "llama3-405b-16384gpu-cp16",
-}
+MEDIAN_ABS_ERROR, MAX_ABS_ERROR, MEAN_ABS_ERROR = 0.08, 0.295, 0.105  # 7.8%, 29.2%, 10.4% reached
+# rows the memory model says do not fit, and why (docs/accuracy.md): Llama 3 405B at 8,192 GPUs holds
+# 32 micro-batches per pipeline, 17.9 in flight on the first stage (0.9 GiB over; Meta frees each
+# stage's input and output tensors early, which the model does not count)
+NOT_FITTING = {"llama3-405b-8192gpu"}
 # Narayanan et al. 2021's A100 table priced with NCCL (`auto`, as `ringtree plan` prices it): +0.6% ..
 # +6.1% reached (benchmarks/published_figures.py; -5.6% .. +5.4% under the ring the API used before)
 ANCHOR_LOW, ANCHOR_HIGH = -0.061, 0.061
@@ -194,3 +189,45 @@ def test_a_run_without_flash_attention_is_slower_and_holds_its_scores() -> None:
     assert unfused.compute_s > fused.compute_s
     assert unfused.memory is not None and fused.memory is not None
     assert unfused.memory["activations_GiB"] > fused.memory["activations_GiB"]
+
+
+def test_flashattention2_reaches_35_percent_on_hopper_and_60_on_ampere() -> None:
+    """--attention-kernel flash2 (PyTorch's SDPA): as fast as the fused kernel on an A100, for which it
+    was written; on Hopper 35% of the peak (FlashAttention-3 paper) against the fused kernel's 60%."""
+    model = Transformer(32, 4096, 32, 8192, 128256, 8, 14336, "swiglu")
+
+    def ratio(gpu: GPU) -> float:
+        fused, flash2 = (
+            compute.attention_s(model, 2, 1, 1, gpu, "bf16", True, kernel) - compute.KERNEL_S
+            for kernel in ("fused", "flash2")
+        )
+        return flash2 / fused
+
+    assert ratio(A100_80) == pytest.approx(1.0)
+    assert ratio(H100) == pytest.approx(0.6 / 0.35)
+    run = Training(8, 1, dtype="bf16", attention_kernel="flash2")
+    slow, fast = (plan(model, r, get("dgx-h100").cluster(1), H100) for r in (run, Training(8, 1)))
+    assert slow.compute_s > fast.compute_s
+
+
+def test_llama3_interleaving_counts_the_embedding_and_the_loss_as_layers() -> None:
+    """126 layers on PP 16 x V 8 (Dubey et al. 2024, 3.3.2): 128 one-layer chunks, the first holding only
+    the embedding and the last only the loss, so 7 layers on the first and last stage, 8 elsewhere."""
+    llama = Transformer(126, 1024, 8, 256, 1000)
+    assert check(llama, Training(128, pp=16, virtual_stages=8), 128) == 8
+    assert stage_layers(126, 16) == (7, *(8,) * 14, 7)
+    for layers in (125, 127):  # neither l nor l + 2 is a multiple of 128
+        with pytest.raises(ValueError, match="must divide --layers"):
+            check(dataclasses.replace(llama, layers=layers), Training(128, pp=16, virtual_stages=8), 128)
+
+
+def test_grand_teton_h100_holds_what_torchtitan_measured() -> None:
+    """torchtitan's Llama 3.1 8B FSDP on 8 GPUs measured 82.4 GiB: over an 80 GB H100, within the
+    96 GB HBM2e part of the grand-teton-h100 preset, whose 2.4 TB/s and lower peak make it slower."""
+    model = Transformer(32, 4096, 32, 8192, 128256, 8, 14336, "swiglu", False, False)
+    run = Training(16, 2, dtype="bf16", recompute="selective", zero=3)
+    teton, dgx = (plan(model, run, get(n).cluster(1), get(n).gpu) for n in ("grand-teton-h100", "dgx-h100"))
+    assert teton.memory is not None and dgx.memory is not None
+    assert 80 < dgx.memory["total_GiB"] < 96
+    assert teton.memory["fits"] and not dgx.memory["fits"]
+    assert teton.step_s > dgx.step_s

@@ -19,7 +19,7 @@ from ringtree.sim.layout import Training, check
 from ringtree.sim.memory import GiB, memory, stages, states_bytes
 from ringtree.sim.plan import Layout, StepWork, predict
 from ringtree.sim.predictor import plan
-from ringtree.sim.search import search
+from ringtree.sim.search import candidates, search
 from ringtree.sim.transformer import MODELS, Transformer
 
 runner = CliRunner()
@@ -73,6 +73,9 @@ def test_degrees_that_do_not_divide_are_refused(run: Training, words: str) -> No
         (["--mlp", "relu"], "unknown --mlp 'relu'"),
         (["--kv-heads", "5"], "--kv-heads 5 must divide --heads 16"),
         (["--kv-heads", "0"], "--kv-heads must be at least 1"),
+        (["--attention-kernel", "flash9"], "unknown --attention-kernel 'flash9'; choose fused or flash2"),
+        (["--attention-kernel", "flash2", "--no-flash-attention"], "which --no-flash-attention turns off"),
+        (["--attention-kernel", "flash2", "--search"], "--attention-kernel do not apply with --search"),
     ],
 )
 def test_cli_refuses_bad_layouts_in_one_sentence(args: list[str], words: str, tmp_path: Path) -> None:
@@ -188,6 +191,22 @@ def test_search_finds_layouts_that_fit_fastest_first() -> None:
     assert steps == sorted(steps)
     alone = plan(model, Training(64, 1, 8), H100.cluster(2), H100.gpu)
     assert rows[0].step_s <= alone.step_s * 1.001  # no worse than a plain TP 8 layout
+
+
+def test_search_tries_tp_across_up_to_two_nodes() -> None:
+    """TP 16 on 8-GPU nodes (Megatron-LM's figure 13 ran it) is among the candidates once there are
+    two nodes, priced on the NICs it spans; never wider than two nodes, never on one."""
+    model = Transformer(32, 20480, 128, 2048, 51200)
+
+    def tps(nodes: int) -> set[int]:
+        return {g[0].tp for g in candidates(model, 512, H100.cluster(nodes), "bf16", ("full",))}
+
+    assert tps(1) == {1, 2, 4, 8}
+    assert tps(2) == tps(8) == {1, 2, 4, 8, 16}
+    wide = plan(
+        model, Training(512, 1, 16, 1, "bf16", "full", sequence_parallel=True), H100.cluster(2), H100.gpu
+    )
+    assert wide.tp_link == "inter"
 
 
 def test_search_of_1024_gpus_takes_under_ten_seconds() -> None:

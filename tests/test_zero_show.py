@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli import app
 from ringtree.show.zero import SHARD, WHOLE, cell, ddp_units, zero_steps
+from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.plan import StepConfig, predict_step
 
 
 def test_zero3_gathers_each_layer_for_its_forward_and_backward_only() -> None:
@@ -75,3 +78,17 @@ def test_plan_from_run_carries_the_runs_zero(tmp_path: Path) -> None:
     del summary["zero"]  # a run from before --zero: DDP
     run.write_text(json.dumps(summary))
     assert CliRunner().invoke(app, args).exit_code == 0 and json.loads(out.read_text())["zero"] == 0
+
+
+def test_plan_from_run_prices_zero_3s_gathers_not_ddps_all_reduce() -> None:
+    """A ZeRO-3 run moves 1.5 x DDP's bytes: the gradient reduce-scatter (half an all-reduce) and
+    each bucket's parameters gathered twice (forward and backward, half an all-reduce each); with
+    nothing to hide behind, its step is longer than DDP's; ZeRO-1 moves DDP's bytes, split in two."""
+    slow = Cluster(2, 4, Link("nv", 0.0, 1e11), Link("net", 0.0, 1e9))
+    ddp, z1, z3 = (StepConfig(86_000_000, 1e-9, "fp16", zero=z) for z in (0, 1, 3))
+    rows = [predict_step(c, slow, "ring") for c in (ddp, z1, z3)]
+    assert rows[2].zero == 3 and rows[2].dp_allreduce_s == pytest.approx(rows[0].dp_allreduce_s / 2)
+    assert rows[2].exposed_zero_gather_s == pytest.approx(rows[0].dp_allreduce_s, rel=1e-3)
+    # the reduce-scatter may overlap only the backward's gathers: the step exceeds DDP's
+    assert rows[0].step_s * 1.05 < rows[2].step_s <= 1.5 * rows[0].step_s * 1.001
+    assert rows[1].step_s == pytest.approx(rows[0].step_s, rel=1e-3)

@@ -74,6 +74,12 @@ def plan(
         help="Attention as flash attention (default) or unfused.",
         rich_help_panel="Layout",
     ),
+    attention_kernel: str = typer.Option(
+        "fused",
+        help="Flash attention's kernel: fused (the GPU's own: cuDNN, Transformer Engine, FlashAttention-3 "
+        "on Hopper) or flash2 (FlashAttention-2, as PyTorch's scaled_dot_product_attention runs it).",
+        rich_help_panel="Layout",
+    ),
     global_batch: int | None = typer.Option(
         None, help="Transformer model: sequences per optimizer step.", rich_help_panel="Layout"
     ),
@@ -197,7 +203,10 @@ def plan(
     shape_given = any(
         x is not None for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp)
     )
-    parallel_given = cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
+    parallel_given = (
+        cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
+        or attention_kernel != "fused"
+    )  # fmt: skip
     transformer_only = (
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
     )
@@ -230,9 +239,16 @@ def plan(
                   "--micro-batch": micro_batch is not None}  # fmt: skip
         if search:
             _refuse([k for k, v in chosen.items() if v], "--search (it chooses them)")
+            attention = {
+                "--no-flash-attention": not flash_attention,
+                "--attention-kernel": attention_kernel != "fused",
+            }
+            _refuse(
+                [k for k, v in attention.items() if v], "--search (it prices the GPU's fused flash attention)"
+            )
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
-                  "flash_attention": flash_attention}  # fmt: skip
+                  "flash_attention": flash_attention, "attention_kernel": attention_kernel}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -600,7 +616,7 @@ def _transformer(
             run = Training(
                 global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
-                layout["zero"], layout["flash_attention"],
+                layout["zero"], layout["flash_attention"], layout["attention_kernel"],
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

@@ -27,6 +27,10 @@ class GPU:
     # the best bf16 matmul measured over shapes (MAMF) over the dense peak: Bekman, ml-engineering,
     # compute/accelerator "Maximum Achievable Matmul FLOPS comparison table" (A100 SXM 267.9 of 312)
     matmul_share: float = 0.859
+    # FlashAttention-2's share of compute.FLASH_EFFICIENCY on this GPU: 1 on Ampere, for which it was
+    # written; on Hopper it "achieves only 35% utilization on the H100 GPU" (Shah et al. 2024,
+    # FlashAttention-3, abstract) against the 60% it reaches on an A100: 0.35 / 0.6
+    flash2_share: float = 1.0
 
     def peak(self, dtype: str) -> float:
         """FLOP/s at the dtype's dense peak; a GPU without bf16 (V100, T4) runs it as fp32."""
@@ -57,9 +61,24 @@ A100_80 = GPU("a100-sxm4-80gb", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16":
 # MAMF shares (matmul_share): H100 SXM 792.1 of 989 (80.1%); H200 as H100 (the same tensor cores);
 # B200 SXM 1745.0 of 2250 (77.6%), ml-engineering's Blackwell MAMF table
 _H100_TFLOPS = {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}
-H100 = GPU("h100-sxm5-80gb", _H100_TFLOPS, 80, 3350, 132, 0.801)
-H200 = GPU("h200-sxm-141gb", _H100_TFLOPS, 141, 4800, 132, 0.801)
-B200 = GPU("b200-sxm-180gb", {"fp32": 75, "tf32": 1125, "fp16": 2250, "bf16": 2250}, 180, 8000, 148, 0.776)
+_FA2_ON_HOPPER = 0.35 / 0.6
+H100 = GPU("h100-sxm5-80gb", _H100_TFLOPS, 80, 3350, 132, 0.801, _FA2_ON_HOPPER)
+H200 = GPU("h200-sxm-141gb", _H100_TFLOPS, 141, 4800, 132, 0.801, _FA2_ON_HOPPER)
+# Meta's Grand Teton H100 as torchtitan benchmarked it (docs/performance.md): "96GB HBM2e with 2.4
+# TB/sec", "the default 500W power limit"; "the actual peak TFLOPs number is between SXM and NVL" (H100
+# NVL datasheet: 1,671 TFLOP/s BF16 with sparsity, 835.5 dense): the midpoint of the two, 912.5
+_H100_500W_TFLOPS = {"fp32": 61.8, "tf32": 456, "fp16": 912.5, "bf16": 912.5}
+H100_96_500W = GPU("h100-sxm-96gb-hbm2e-500w", _H100_500W_TFLOPS, 96, 2400, 132, 0.801, _FA2_ON_HOPPER)
+# FlashAttention-2 on Blackwell: taken as on Hopper (it uses neither generation's new tensor-core path)
+B200 = GPU(
+    "b200-sxm-180gb",
+    {"fp32": 75, "tf32": 1125, "fp16": 2250, "bf16": 2250},
+    180,
+    8000,
+    148,
+    0.776,
+    _FA2_ON_HOPPER,
+)
 V100_32 = GPU("v100-sxm2-32gb", {"fp32": 15.7, "fp16": 125}, 32, 900)
 V100_PCIE = GPU("v100-pcie-32gb", {"fp32": 14, "fp16": 112}, 32, 900)
 T4 = GPU("t4", {"fp32": 8.1, "fp16": 65}, 16, 320)
@@ -67,6 +86,7 @@ T4 = GPU("t4", {"fp32": 8.1, "fp16": 65}, 16, 320)
 _EFA_100G = Link("efa-100g", 15e-6, 100 * GBIT)
 _ETH_50G = Link("eth-50g", 15e-6, 50 * GBIT)
 _NVLINK5 = Link("nvlink-b200", 1e-6, 900 * GB)  # NVLink 5: 1.8 TB/s per GPU, both directions
+_ROCE_400G = Link("rdma-400g", 2e-6, 400 * GBIT)  # Grand Teton's backend RDMA, 400 Gb/s per GPU
 _EFA_400G_RAIL = Link("efa-4x100g", 15e-6, 400 * GBIT)  # four 100 Gbit/s EFA cards per GPU
 
 CLUSTERS: dict[str, ClusterPreset] = {
@@ -109,6 +129,11 @@ CLUSTERS: dict[str, ClusterPreset] = {
             "dgx-b200", 8, B200, _NVLINK5, INTER["ib-ndr"], 8,
             "NVIDIA DGX B200 datasheet: 8x B200 (1,440 GB, 64 TB/s in all), NVLink 5 1.8 TB/s per GPU, "
             "8x ConnectX-7 400 Gb/s",
+        ),
+        ClusterPreset(
+            "grand-teton-h100", 8, H100_96_500W, INTRA["nvlink-h100"], _ROCE_400G, 8,
+            "torchtitan docs/performance.md: Grand Teton, 8 H100 per host with NVLink, 96GB HBM2e at "
+            "2.4 TB/s, 500 W power limit, backend RDMA 400 Gb/s per GPU",
         ),
     )
 }  # fmt: skip

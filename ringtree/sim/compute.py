@@ -65,15 +65,25 @@ def matmuls_s(model: Transformer, tokens: int, tp: int, gpu: GPU, dtype: str) ->
 
 
 def attention_s(
-    model: Transformer, micro_batch: int, tp: int, cp: int, gpu: GPU, dtype: str, flash: bool = True
+    model: Transformer,
+    micro_batch: int,
+    tp: int,
+    cp: int,
+    gpu: GPU,
+    dtype: str,
+    flash: bool = True,
+    kernel: str = "fused",
 ) -> float:
     """Attention's forward on one rank: its heads / t, its s / c queries against all s keys.
 
-    Flash attention runs at FLASH_EFFICIENCY; unfused attention (Megatron-LM 2021) is two batched
-    GEMMs per head, s x s x d and back, on the roofline (its softmax and dropout are elementwise work)."""
+    Flash attention runs at FLASH_EFFICIENCY, FlashAttention-2 (`kernel` "flash2") at the GPU's
+    `flash2_share` of it (less on Hopper, for which it was not written); unfused attention
+    (Megatron-LM 2021) is two batched GEMMs per head, s x s x d and back, on the roofline (its
+    softmax and dropout are elementwise work)."""
     if flash:
         flops = model.attention_flops(micro_batch * model.seq) / (tp * cp)
-        return flops / (gpu.peak(dtype) * FLASH_EFFICIENCY) + KERNEL_S
+        share = gpu.flash2_share if kernel == "flash2" else 1.0
+        return flops / (gpu.peak(dtype) * FLASH_EFFICIENCY * share) + KERNEL_S
     s, d = model.seq // cp, model.head_dim
     heads = micro_batch * max(1, model.heads // tp)  # batched over heads: one kernel each
     return 2 * (gemm_s(s, model.seq, d, gpu, dtype) - KERNEL_S) * heads + 2 * KERNEL_S

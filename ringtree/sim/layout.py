@@ -2,7 +2,12 @@
 
 The same words as the trainer's (tp, cp, pp, virtual stages, sequence parallel, zero, micro-batch,
 recompute). `check` refuses, in one sentence naming the values and the fix, a layout whose degrees do
-not divide what they split.
+not divide what they split. Interleaving V chunks over p stages needs p V to divide the layers, or
+the layers + 2: the embedding counted as the first chunk's layer and the output and loss as the last
+chunk's, as Llama 3 balanced its pipeline ("we reduce one Transformer layer each from the first and
+the last stages ... the first model chunk on the first stage has only the embedding", Dubey et al.
+2024, section 3.3.2; Megatron-Core's --account-for-embedding-in-pipeline-split and
+--account-for-loss-in-pipeline-split).
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from dataclasses import dataclass
 
 from ringtree.sim.plan import Layout
 from ringtree.sim.transformer import RECOMPUTE, Transformer
+
+ATTENTION_KERNELS = ("fused", "flash2")
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,10 @@ class Training:
     sequence_parallel: bool = False
     zero: int = 0
     flash_attention: bool = True  # False: unfused attention storing its s x s scores (Megatron-LM 2021)
+    # which flash attention: "fused", the GPU's own (cuDNN or Transformer Engine's, FlashAttention-3 on
+    # Hopper), as Megatron-LM, NeMo and MaxText run it; "flash2", FlashAttention-2 as PyTorch's
+    # scaled_dot_product_attention runs it (torchtitan)
+    attention_kernel: str = "fused"
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -40,6 +51,16 @@ class Training:
         if min(self.global_batch, self.micro_batch, self.tp, self.pp, self.cp, self.virtual_stages) < 1:
             raise ValueError(
                 "--global-batch, --micro-batch, --tp, --pp, --cp and --virtual-stages must be at least 1"
+            )
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"unknown --attention-kernel {self.attention_kernel!r}; choose "
+                f"{' or '.join(ATTENTION_KERNELS)}"
+            )
+        if self.attention_kernel != "fused" and not self.flash_attention:
+            raise ValueError(
+                f"--attention-kernel {self.attention_kernel} picks a flash attention kernel, which "
+                "--no-flash-attention turns off: drop one of them"
             )
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
@@ -87,9 +108,10 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
             f"--cp {c} needs --seq {model.seq} to be a multiple of 2 x {c} (each rank takes two chunks "
             "for balance); change --cp or --seq"
         )
-    if v > 1 and model.layers % (p * v):
+    if v > 1 and model.layers % (p * v) and (model.layers + 2) % (p * v):
         raise ValueError(
-            f"--pp {p} x --virtual-stages {v} must divide --layers {model.layers}; change one of them"
+            f"--pp {p} x --virtual-stages {v} must divide --layers {model.layers} (or --layers + 2, the "
+            "embedding and the loss each counted as a layer); change one of them"
         )
     if model.layers < p:
         raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")

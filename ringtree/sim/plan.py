@@ -60,7 +60,10 @@ class StepConfig:
     accumulate: int = 1
     batch_size: int = 32  # samples per device per micro-step
     sync_wait_s: float = 0.0  # per step: ranks waiting for each other, measured (`with_run_wait`)
-    zero: int = 0  # the run's ZeRO stage (carried from --from-run; its traffic is planned as DDP's)
+    # the run's ZeRO stage (from --from-run): 1-2 reduce-scatter the gradients and all-gather the
+    # stepped parameters before the next forward; 3 all-gathers each bucket before its module's
+    # forward and backward (prefetched) and reduce-scatters in the backward, as ShardedDataParallel
+    zero: int = 0
 
     def __post_init__(self) -> None:
         if self.params < 0 or self.compute_time_s < 0 or self.sync_wait_s < 0:
@@ -110,8 +113,14 @@ class StepConfig:
                 f"not a `ringtree train --json` summary: missing or bad {e}; pass the file that command wrote"
             ) from None
 
+    @property
+    def layout(self) -> Layout:
+        """Pure data parallelism, with the run's ZeRO stage."""
+        return Layout(zero=self.zero)
+
     def work(self, ranks: int) -> StepWork:
-        """Pure data parallelism over `ranks` devices: the whole model on each."""
+        """Pure data parallelism over `ranks` devices: the whole model on each. Under ZeRO-3 each
+        bucket is gathered behind its share of the compute, as the layers of a transformer are."""
         c = self.compute_time_s
         return StepWork(
             forward_s=c * (1 - BACKWARD_FRACTION),
@@ -123,6 +132,7 @@ class StepConfig:
             overlap=self.overlap,
             samples=self.accumulate * self.batch_size * ranks,
             sync_wait_s=self.sync_wait_s,
+            layers=float(len(self.buckets())) if self.zero == 3 else 0.0,
         )
 
 
@@ -483,12 +493,13 @@ def _zero_param_gather_s(
 
 def allreduce_time(config: StepConfig, cluster: Cluster, algorithm: str) -> float:
     """Seconds to all-reduce every bucket once, one after another (closed form)."""
-    return predict(config.work(cluster.ranks), cluster, algorithm).dp_allreduce_s
+    return predict(config.work(cluster.ranks), cluster, algorithm, config.layout).dp_allreduce_s
 
 
 def predict_step(config: StepConfig, cluster: Cluster, algorithm: str = "ring") -> StepPrediction:
-    """Data parallelism only: `predict` of the config's work on every device of the cluster."""
-    return predict(config.work(cluster.ranks), cluster, algorithm)
+    """Data parallelism only (with the config's ZeRO stage): `predict` of the config's work on every
+    device of the cluster."""
+    return predict(config.work(cluster.ranks), cluster, algorithm, config.layout)
 
 
 def with_run_wait(config: StepConfig, summary: dict[str, Any], run_cluster: Cluster) -> StepConfig:
@@ -504,7 +515,8 @@ def with_run_wait(config: StepConfig, summary: dict[str, Any], run_cluster: Clus
     if run_algorithm not in (*ALGORITHMS, "native"):
         run_algorithm = "ring"  # an algorithm the planner does not know is planned as ring
     exposed = float(summary.get("exposed_comm_time_s") or 0.0)
-    modelled = predict_step(config, run_cluster, run_algorithm).exposed_dp_s
+    row = predict_step(config, run_cluster, run_algorithm)
+    modelled = row.exposed_dp_s + row.exposed_zero_gather_s
     return dataclasses.replace(config, sync_wait_s=max(0.0, exposed - modelled))
 
 

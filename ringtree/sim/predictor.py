@@ -32,7 +32,7 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
     tokens = run.micro_batch * model.seq // run.cp
     mats = compute.matmuls_s(model, tokens, run.tp, gpu, run.dtype)
     attention = compute.attention_s(
-        model, run.micro_batch, run.tp, run.cp, gpu, run.dtype, run.flash_attention
+        model, run.micro_batch, run.tp, run.cp, gpu, run.dtype, run.flash_attention, run.attention_kernel
     )
     other = compute.elementwise_s(activation_bytes_per_layer(model, run, "none"), gpu)
     forward = mats + attention + other

@@ -1,11 +1,13 @@
 """`plan --search`: every layout of a model on a cluster that fits in memory, fastest first.
 
-The space is TP (powers of two inside a node, dividing the heads) x CP (1, 2, 4, 8, dividing s / 2)
-x PP (dividing the layers) x DP (the rest) x virtual stages (1, 2, 4) x ZeRO (0-3) x sequence
-parallelism x micro-batch (1, 2, 4, 8) x recompute. A first pass prices every layout with the
-pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again with the replayed
-pipeline and ranked by that. Sequence parallelism is always on with TP (the same traffic as the
-all-reduces, less memory and elementwise time), and each layout takes the lowest ZeRO stage that fits.
+The space is TP (powers of two up to two nodes' GPUs, dividing the heads: a TP group across two
+nodes, as Megatron-LM's figure 13 ran TP 16 on 8-GPU nodes, is priced on the NICs it spans) x CP
+(1, 2, 4, 8, dividing s / 2) x PP (dividing the layers) x DP (the rest) x virtual stages (1, 2, 4)
+x ZeRO (0-3) x sequence parallelism x micro-batch (1, 2, 4, 8) x recompute. A first pass prices
+every layout with the pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again
+with the replayed pipeline and ranked by that. Sequence parallelism is always on with TP (the same
+traffic as the all-reduces, less memory and elementwise time), and each layout takes the lowest
+ZeRO stage that fits.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ from ringtree.sim.transformer import RECOMPUTE, Transformer
 REPLAYED = 30  # layouts re-priced with the replayed pipeline after the closed-form pass
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL = (1, 2, 4)
+TP_NODES = 2  # the widest TP group tried, in nodes (our choice: beyond two, TP traffic on the NICs loses)
 
 
 def _degrees(model: Transformer, cluster: Cluster) -> Iterator[tuple[int, int, int]]:
     """(tp, cp, pp) that divide what they split and the GPU count."""
     n, g = cluster.ranks, cluster.gpus_per_node
-    tps = [t for t in (1, 2, 4, 8, 16) if t <= g and g % t == 0 and model.heads % t == 0]
+    widest = g * min(TP_NODES, cluster.nodes)
+    tps = [
+        t for t in (1, 2, 4, 8, 16, 32) if t <= widest and (g % t == 0 or t % g == 0) and model.heads % t == 0
+    ]
     cps = [c for c in (1, 2, 4, 8) if c == 1 or model.seq % (2 * c) == 0]
     pps = [p for p in range(1, model.layers + 1) if model.layers % p == 0]
     for t, c, p in itertools.product(tps, cps, pps):
@@ -47,7 +53,10 @@ def candidates(
         dp = cluster.ranks // (t * c * p)
         sp = t > 1  # the all-reduce's traffic, less memory and elementwise time: always taken
         for v, b, r in itertools.product(VIRTUAL, MICRO_BATCHES, recompute):
-            if global_batch % (dp * b) or (v > 1 and (p == 1 or model.layers % (p * v))):
+            chunks = p * v  # as `check`: the layers, or the layers + 2 (the embedding and loss as chunks)
+            if global_batch % (dp * b) or (
+                v > 1 and (p == 1 or (model.layers % chunks and (model.layers + 2) % chunks))
+            ):
                 continue
             if v > 1 and (global_batch // (dp * b)) % p:
                 continue
