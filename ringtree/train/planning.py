@@ -31,6 +31,7 @@ def predicted_step_time(summary: dict[str, Any], calibration: Path | None) -> fl
         bucket_mb=summary["bucket_mb"],
         accumulate=summary["accumulate"],
         batch_size=summary["batch_size"],
+        zero=int(summary.get("zero") or 0),
     )
     nodes = summary["nodes"]
     cluster = make_cluster(nodes, summary["world_size"] // nodes, calibration=calibration)
