@@ -148,3 +148,24 @@ def test_plan_cli_native_from_native_rows(tmp_path: Path) -> None:
 def test_nondecreasing_pools_violators() -> None:
     assert nondecreasing([1.0, 5.0, 2.0, 3.0, 4.0, 1.0, 9.0]) == (1.0, 3.0, 3.0, 3.0, 3.0, 3.0, 9.0)
     assert nondecreasing([1.0, 2.0, 3.0]) == (1.0, 2.0, 3.0)
+
+
+def test_a_trained_runs_prediction_carries_its_zero_stage(tmp_path: Path) -> None:
+    """`ringtree train --calibration` predicts its own step as `plan --from-run` would: a ZeRO-3
+    run's per-bucket gathers are priced, not a DDP all-reduce."""
+    from ringtree.train.planning import predicted_step_time
+
+    rows = [
+        row("ring", n, b, estimate("ring", Cluster(n, 1, NET, NET, 0.0), b)) for n in (2, 4) for b in SIZES
+    ]
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(fit(rows).as_dict()))
+    summary = {"algorithm": "ring", "mode": "ddp", "pp": 1, "parameters": 1_000_000, "step_time_s": 0.5,
+               "exposed_comm_time_s": 0.1, "accumulate": 1, "compression": None, "overlap": True,
+               "bucket_mb": 1.0, "batch_size": 8, "nodes": 4, "world_size": 4}  # fmt: skip
+    cluster = make_cluster(4, 1, calibration=path)
+    for zero in (0, 3):
+        run = {**summary, "zero": zero}
+        expected = predict_step(StepConfig.from_summary(run), cluster, "ring").step_s
+        assert predicted_step_time(run, path) == pytest.approx(expected)
+    assert predicted_step_time({**summary, "zero": 3}, path) != predicted_step_time(summary, path)

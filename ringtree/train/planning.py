@@ -22,17 +22,7 @@ def predicted_step_time(summary: dict[str, Any], calibration: Path | None) -> fl
         return None
     if summary["algorithm"] not in ALGORITHMS or summary["mode"] != "ddp" or summary.get("pp", 1) > 1:
         return None  # torch's native algorithm, the master-rank dp mode and pipelines are not modelled
-    config = StepConfig(
-        params=summary["parameters"],
-        compute_time_s=max(0.0, summary["step_time_s"] - summary["exposed_comm_time_s"])
-        / summary["accumulate"],
-        compression=summary["compression"],
-        overlap=summary["overlap"],
-        bucket_mb=summary["bucket_mb"],
-        accumulate=summary["accumulate"],
-        batch_size=summary["batch_size"],
-        zero=int(summary.get("zero") or 0),
-    )
+    config = StepConfig.from_summary(summary)
     nodes = summary["nodes"]
     cluster = make_cluster(nodes, summary["world_size"] // nodes, calibration=calibration)
     return predict_step(config, cluster, summary["algorithm"]).step_s
