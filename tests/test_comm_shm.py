@@ -49,6 +49,28 @@ def test_a_step_that_receives_into_what_it_sends_is_staged() -> None:
     assert shm._compile(ring(2, 8), 0).staged == frozenset()
 
 
+def test_a_ring_rank_meets_only_its_two_neighbours_inside_a_call() -> None:
+    assert shm._compile(ring(5, 5000), 0).neighbours == (1, 4)
+    assert shm._compile(ring(5, 5000), 3).neighbours == (2, 4)
+
+
+@pytest.mark.parametrize("p", [5, 6])
+def test_every_schedule_s_neighbours_are_symmetric(p: int) -> None:
+    """Barriers among neighbours count per pair: q meets r as often as r meets q only if the
+    relation is symmetric, in every collective and algorithm (and at every root)."""
+    for collective in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
+        for algorithm in schedules.algorithms(collective):
+            for root in (0, p - 1):
+                topology = Topology(p, p // 2 if p % 2 == 0 else p)
+                request = schedules.Request(collective, algorithm, topology, 60 * p, 4, root)
+                s = schedules.build(request)
+                near = [set(shm._compile(s, r).neighbours) for r in range(p)]
+                assert all((q in near[r]) == (r in near[q]) for r in range(p) for q in range(p)), (
+                    collective,
+                    algorithm,
+                )
+
+
 def test_transport_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(shm.TRANSPORT_ENV, "tcp")
     with pytest.raises(ValueError, match="'tcp' is not a transport; use one of shm, p2p"):
@@ -152,11 +174,11 @@ def test_a_rank_that_dies_is_named_at_once() -> None:
     assert float(seconds) < 10  # not the 30 s timeout
 
 
-def back_to_back(rank: int) -> list[str]:
+def back_to_back(rank: int, late_rank: int = 1, algorithms: tuple[str, ...] = ("ring",)) -> list[str]:
     """A late reader: rank 1 sleeps after every barrier, so the others start the next call (and
     write their buffers) while it still reads the last step of this one."""
     os.environ[shm.TRANSPORT_ENV] = "shm"
-    if rank == 1:
+    if rank == late_rank:
         real = shm._Group.sync
 
         def late(self: shm._Group, *args: object) -> None:
@@ -167,13 +189,22 @@ def back_to_back(rank: int) -> list[str]:
     p, failures = dist.get_world_size(), []
     n = 999  # one size: a ring rank's first write (copy in) is the range its successor reads last
     for i in range(12):
+        algorithm = algorithms[i % len(algorithms)]
         x = torch.arange(n, dtype=torch.float32) + 1000 * rank + i
-        comm.all_reduce(x, algorithm="ring", validate=False)
+        comm.all_reduce(x, algorithm=algorithm, validate=False)
         want = p * torch.arange(n, dtype=torch.float32) + 1000 * sum(range(p)) + p * i
         if not torch.equal(x, want):
-            failures.append(f"call {i}: {int((x != want).sum())} wrong elements")
+            failures.append(f"call {i} ({algorithm}): {int((x != want).sum())} wrong elements")
     return failures
 
 
 def test_back_to_back_calls_with_a_late_reader_stay_exact() -> None:
     assert spawn(back_to_back, 3, timeout_s=120) == [[], [], []]
+
+
+def test_a_late_rank_beyond_the_neighbours_stays_exact() -> None:
+    """5 ranks: inside a call the ring's ranks wait only for their two neighbours, so rank 0
+    runs ahead of late rank 2 (not its neighbour); the results stay exact, also when calls of
+    other algorithms (other neighbours) come in between."""
+    algorithms = ("ring", "halving_doubling", "ring", "double_tree", "ring", "bfb")
+    assert spawn(back_to_back, 5, (2, algorithms), timeout_s=120) == [[]] * 5

@@ -96,13 +96,14 @@ def execute(
     with group.lock:
         views = group.views(plan, rank, buf.numel() * buf.element_size(), buf.dtype, timeout)
         n = schedule.num_steps
+        near = plan.neighbours  # inside a call a rank meets only the ranks it exchanges with
         for (a, b), own in zip(plan.copy_in, views.copy_in, strict=True):
             own.copy_(buf[a:b])
-        group.sync(timeout, what, 0, n)
+        group.sync(timeout, what, 0, n)  # every rank: each has finished the call before last
         for t, ops in enumerate(plan.steps):
             if t in plan.staged:
                 held = [v.clone() for v in views.reads[t]]
-                group.sync(timeout, what, t + 1, n)
+                group.sync(timeout, what, t + 1, n, near)
             else:
                 held = views.reads[t]
             for o, incoming, own in zip(ops, held, views.own[t], strict=True):
@@ -112,7 +113,7 @@ def execute(
                 else:
                     out.copy_(incoming)
             if t + 1 < n:  # no barrier after the last step: the next call uses the other half
-                group.sync(timeout, what, t + 1, n)
+                group.sync(timeout, what, t + 1, n, near)
         for (a, b), own in zip(plan.copy_out, views.copy_out, strict=True):
             buf[a:b].copy_(own)
 
@@ -136,6 +137,7 @@ class _Plan:
     steps: list[list[_Read]]
     staged: frozenset[int]
     copy_out: list[tuple[int, int]]  # ranges whose final value is only in the shared buffer
+    neighbours: tuple[int, ...]  # the peers this rank sends to or receives from at any step
 
 
 _plans: weakref.WeakKeyDictionary[Schedule, dict[int, _Plan]] = weakref.WeakKeyDictionary()
@@ -183,7 +185,8 @@ def _compile(schedule: Schedule, rank: int) -> _Plan:
                 (in_shared.add if shared else in_shared.discard)(piece)
         plan_steps.append(_merge(ops))
     copy_out = [p for p in pieces if writes[p] and p in in_shared]
-    return _Plan(_join(copy_in), plan_steps, _staged_steps(schedule), _join(copy_out))
+    neighbours = tuple(sorted({op.peer for step in steps for op in step} - {rank}))
+    return _Plan(_join(copy_in), plan_steps, _staged_steps(schedule), _join(copy_out), neighbours)
 
 
 def _covered(pieces: list[tuple[int, int]], start: int, stop: int) -> list[tuple[int, int]]:
@@ -240,28 +243,32 @@ def _overlaps(step: Step) -> bool:
 class _Doorbells:
     """A barrier among the ranks of one host through named pipes (FIFOs) under /dev/shm.
 
-    Ringing is one 4-byte write of this rank's number into every peer's pipe; waiting is
-    reading this rank's own pipe until every peer has rung as often as this rank has. The
+    Ringing is one 4-byte write of this rank's number into a peer's pipe; waiting is reading
+    this rank's own pipe until every peer it meets has rung as often as this rank expects. The
     kernel wakes the reader at once and orders the writes to shared memory before the ring:
     47 us against 1.1 ms for a one-element gloo all-reduce on 4 ranks of the 2-core reference
     machine (benchmarks/shm_sync.py), and a ring all-reduce synchronises after every step.
+    A barrier may be among a subset of the ranks (a schedule's neighbours): counts are kept per
+    pair, so every pair must meet equally often on both sides, which symmetric subsets ensure.
     """
 
     def __init__(self, rank: int, inbox: int, outboxes: list[int], pids: list[int], names: list[int]) -> None:
-        self.rank, self.inbox, self.outboxes, self.pids, self.names = rank, inbox, outboxes, pids, names
+        self.rank, self.inbox, self.pids, self.names = rank, inbox, pids, names
         self.token = struct.pack("<I", rank)
-        self.rung = [0] * len(pids)
-        self.peers = [q for q in range(len(pids)) if q != rank]
-        self.epoch = 0
+        self.peers = tuple(q for q in range(len(pids)) if q != rank)
+        self.outboxes = dict(zip(self.peers, outboxes, strict=True))
+        self.rung = [0] * len(pids)  # tokens received from each peer
+        self.expected = [0] * len(pids)  # barriers met with each peer
 
-    def sync(self, timeout: timedelta) -> None:
-        """Ring every peer, then wait for all of them; a peer whose process is gone fails the
-        wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
-        self.epoch += 1
-        for fd in self.outboxes:
-            os.write(fd, self.token)
+    def sync(self, timeout: timedelta, peers: tuple[int, ...] | None = None) -> None:
+        """Ring `peers` (every peer by default), then wait for each of them; a peer whose process
+        is gone fails the wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
+        peers = self.peers if peers is None else peers
+        for q in peers:
+            self.expected[q] += 1
+            os.write(self.outboxes[q], self.token)
         deadline = time.monotonic() + timeout.total_seconds()
-        while late := [q for q in self.peers if self.rung[q] < self.epoch]:
+        while late := [q for q in peers if self.rung[q] < self.expected[q]]:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(
@@ -362,11 +369,14 @@ class _Group:
             have = self.sliced[key] = (plan, _slice(shared, rank, plan))
         return have[1]
 
-    def sync(self, timeout: timedelta, what: str, t: int, n: int) -> None:
+    def sync(
+        self, timeout: timedelta, what: str, t: int, n: int, peers: tuple[int, ...] | None = None
+    ) -> None:
+        """A barrier with `peers` (group ranks; every rank of the group by default)."""
         if self.bells is None:
             self.bells = _doorbells(self.pg, timeout)
         try:
-            self.bells.sync(timeout)
+            self.bells.sync(timeout, peers)
         except RuntimeError as e:
             raise CollectiveError(_failed(f"{what} at step {t}/{n}", e, timeout)) from e
 

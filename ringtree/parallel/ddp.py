@@ -210,8 +210,11 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         if bucket.pending == 0 and self.overlap:
             self._launch_in_order()
 
-    def _launch_in_order(self) -> None:
-        """Launch every ready bucket from the next unlaunched one on: the same order on every rank."""
+    def _launch_in_order(self, defer: bool = False) -> None:
+        """Launch every ready bucket from the next unlaunched one on: the same order on every rank.
+
+        defer=True at the end of backward: the caller waits next, so the launcher may run them
+        on this thread rather than hand them to its comm thread and sleep."""
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
             payload = bucket.buffer
@@ -219,7 +222,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
                 payload = payload.to(COMPRESSION[self.compression])
             self._payloads[bucket.index] = payload
             started = time.perf_counter()
-            self._launcher.launch(bucket.index, payload, validate=not self._validated)
+            self._launcher.launch(bucket.index, payload, validate=not self._validated, defer=defer)
             self._exposed_s += time.perf_counter() - started  # launching is exposed too
             self._next_bucket += 1
 
@@ -237,7 +240,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
                     p.grad = bucket.view(i).clone()
                 bucket.view(i).zero_()
                 self._mark_ready(bucket, i)
-            self._launch_in_order()
+            self._launch_in_order(defer=True)
             started = time.perf_counter()
             spans = self._launcher.wait_all()
             self._exposed_s += time.perf_counter() - started
