@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from ringtree.comm.errors import CollectiveError
 from ringtree.comm.flight_recorder import default_store
-from ringtree.comm.reduce_ops import COMBINE_INTO, Combine
+from ringtree.comm.reduce_ops import COMBINE_INTO, Combine, CombineInto
 from ringtree.schedules import OpKind, Schedule, Step
 
 SHM_DIR = Path("/dev/shm")
@@ -94,6 +94,10 @@ def execute(
     into = COMBINE_INTO[combine]
     group = _group(pg, timeout)
     with group.lock:
+        placed = group.in_place(plan, buf)
+        if placed is not None:
+            _execute_in_place(placed, plan, into, group, timeout, what, schedule.num_steps)
+            return
         views = group.views(plan, rank, buf.numel() * buf.element_size(), buf.dtype, timeout)
         n = schedule.num_steps
         near = plan.neighbours  # inside a call a rank meets only the ranks it exchanges with
@@ -118,6 +122,54 @@ def execute(
             buf[a:b].copy_(own)
 
 
+def shared_buffer(
+    numel: int, dtype: torch.dtype, pg: dist.ProcessGroup, timeout: timedelta
+) -> torch.Tensor | None:
+    """A zeroed CPU tensor of `numel` elements that lives in shared memory, or None where the
+    group does not use shared memory (collective: every rank asks for the same, in the same order).
+
+    A collective on such a tensor (or a slice of it) runs in place when every rank passes its own
+    at the same offset: peers read it where it lies, so nothing is copied in or out of the
+    transport (torch DDP's buckets registered with the transport, as NCCL's registered buffers).
+    """
+    if not usable(torch.device("cpu"), pg, timeout):
+        return None
+    nbytes = numel * dtype.itemsize
+    mapped = _map_all(pg, max(nbytes, 1), timeout)
+    own = mapped[dist.get_rank(pg)][:nbytes].view(dtype)
+    _group(pg, timeout).register(own, mapped)
+    return own
+
+
+def _execute_in_place(
+    placed: _Placed, plan: _Plan, into: CombineInto, group: _Group, timeout: timedelta, what: str, n: int
+) -> None:
+    """The schedule's steps on a tensor every rank keeps in shared memory: read the peers' ranges
+    where they lie, combine into this rank's own. The first barrier (every rank) says every input
+    is written; one among the neighbours after the last step says no peer still reads this
+    rank's tensor when the caller writes it again."""
+    near = plan.neighbours
+    group.sync(timeout, what, 0, n)
+    for t, (reads, own) in enumerate(zip(placed.reads, placed.own, strict=True)):
+        held = reads
+        if t in plan.staged:
+            held = [v.clone() for v in reads]
+            group.sync(timeout, what, t + 1, n, near)
+        for (_, _, _, reduce), incoming, mine in zip(plan.in_place[t], held, own, strict=True):
+            if reduce:
+                into(mine, incoming, mine)
+            else:
+                mine.copy_(incoming)
+        group.sync(timeout, what, t + 1, n, near)
+
+
+class _Placed(NamedTuple):
+    """One in-place call's slices: per step, what this rank reads from peers and its own ranges."""
+
+    reads: list[list[torch.Tensor]]
+    own: list[list[torch.Tensor]]
+
+
 class _Read(NamedTuple):
     """One receive over shared memory: read [start, stop) of `peer`'s buffer and either copy it
     or combine it with this rank's value (held in its shared buffer or still in the caller's
@@ -138,6 +190,7 @@ class _Plan:
     staged: frozenset[int]
     copy_out: list[tuple[int, int]]  # ranges whose final value is only in the shared buffer
     neighbours: tuple[int, ...]  # the peers this rank sends to or receives from at any step
+    in_place: list[list[tuple[int, int, int, bool]]]  # per step (peer, start, stop, reduce) received
 
 
 _plans: weakref.WeakKeyDictionary[Schedule, dict[int, _Plan]] = weakref.WeakKeyDictionary()
@@ -186,7 +239,16 @@ def _compile(schedule: Schedule, rank: int) -> _Plan:
         plan_steps.append(_merge(ops))
     copy_out = [p for p in pieces if writes[p] and p in in_shared]
     neighbours = tuple(sorted({op.peer for step in steps for op in step} - {rank}))
-    return _Plan(_join(copy_in), plan_steps, _staged_steps(schedule), _join(copy_out), neighbours)
+    in_place = [
+        [
+            (op.peer, op.start, op.stop, op.kind is OpKind.RECV_REDUCE)
+            for op in step
+            if op.kind is not OpKind.SEND
+        ]
+        for step in steps
+    ]
+    staged = _staged_steps(schedule)
+    return _Plan(_join(copy_in), plan_steps, staged, _join(copy_out), neighbours, in_place)
 
 
 def _covered(pieces: list[tuple[int, int]], start: int, stop: int) -> list[tuple[int, int]]:
@@ -350,6 +412,39 @@ class _Group:
         self.bells: _Doorbells | None = None
         self.half = 0  # the half the next call uses (every rank makes the same calls in order)
         self.sliced: dict[tuple[int, int, int, torch.dtype, int], tuple[_Plan, _Views]] = {}
+        self.arenas: dict[int, tuple[int, list[torch.Tensor]]] = {}  # own address: (bytes, every rank's)
+        self.placed: dict[tuple[int, int, int, torch.dtype], tuple[_Plan, _Placed]] = {}
+
+    def register(self, own: torch.Tensor, mapped: list[torch.Tensor]) -> None:
+        """Remember every rank's mapping of a shared tensor, for as long as `own` lives."""
+        base = own.data_ptr()
+        self.arenas[base] = (own.numel() * own.element_size(), mapped)
+        weakref.finalize(own, self._forget, base)
+
+    def _forget(self, base: int) -> None:
+        self.arenas.pop(base, None)
+        self.placed.clear()
+
+    def in_place(self, plan: _Plan, buf: torch.Tensor) -> _Placed | None:
+        """The slices of an in-place call on `buf`, or None when `buf` is not in shared memory."""
+        start, nbytes = buf.data_ptr(), buf.numel() * buf.element_size()
+        base = next(
+            (b for b, (size, _) in self.arenas.items() if b <= start and start + nbytes <= b + size), None
+        )
+        if base is None:
+            return None
+        mapped = self.arenas[base][1]
+        key = (id(plan), start, nbytes, buf.dtype)
+        have = self.placed.get(key)
+        if have is None or have[0] is not plan:
+            if len(self.placed) >= VIEW_CACHE:
+                self.placed.clear()
+            at = start - base
+            peers = [m[at : at + nbytes].view(buf.dtype) for m in mapped]
+            reads = [[peers[q][a:b] for q, a, b, _ in ops] for ops in plan.in_place]
+            own = [[buf[a:b] for _, a, b, _ in ops] for ops in plan.in_place]
+            have = self.placed[key] = (plan, _Placed(reads, own))
+        return have[1]
 
     def views(self, plan: _Plan, rank: int, nbytes: int, dtype: torch.dtype, timeout: timedelta) -> _Views:
         """The call's slices of every rank's buffer (collective when the buffers grow)."""

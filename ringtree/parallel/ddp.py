@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -25,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree import comm
-from ringtree.parallel.buckets import MB, Bucket, build
+from ringtree.comm import shm
+from ringtree.parallel.buckets import MB, Allocator, Bucket, build
 from ringtree.parallel.launcher import Launcher, Span, make_launcher
 from ringtree.parallel.replicas import broadcast_state
 
@@ -121,7 +123,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         self._src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         broadcast_state(module, process_group, _broadcast_algorithm(algorithm), timeout_s, src=self._src)
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.buckets: list[Bucket] = build(self._named, int(bucket_cap_mb * MB))
+        self.buckets: list[Bucket] = build(self._named, int(bucket_cap_mb * MB), self._shared_allocator())
         self._register_hooks()
         self._sync_enabled = True  # False inside no_sync()
         self._expect_sync = False  # set by a forward outside no_sync, cleared when the sync ends
@@ -131,6 +133,18 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         self._validated = False
         self._exposed_s = 0.0
         self.last_sync = SyncStats()
+
+    def _shared_allocator(self) -> Allocator | None:
+        """Buckets in shared memory where ringtree's schedules run over it (every rank of the
+        group on this host, CPU, gloo): peers read them in place, nothing is copied in or out of
+        the transport. Compressed buckets travel as copies, so they stay in private memory."""
+        if self.algorithm == "native" or self.compression is not None or self.world_size == 1:
+            return None
+        if any(p.device.type != "cpu" for _, p in self._named):
+            return None
+        pg = self.process_group or dist.distributed_c10d._get_default_group()
+        timeout = timedelta(seconds=self._timeout_s)
+        return lambda numel, dtype: shm.shared_buffer(numel, dtype, pg, timeout)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module; a forward outside no_sync() makes the next backward synchronize."""
