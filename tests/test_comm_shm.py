@@ -16,6 +16,7 @@ from ringtree import comm, schedules
 from ringtree.comm import shm
 from ringtree.comm.reduce_ops import COMBINE
 from ringtree.launch import spawn
+from ringtree.parallel import DistributedDataParallel
 from ringtree.schedules.base import Builder
 from ringtree.topology import Topology
 
@@ -208,3 +209,53 @@ def test_a_late_rank_beyond_the_neighbours_stays_exact() -> None:
     other algorithms (other neighbours) come in between."""
     algorithms = ("ring", "halving_doubling", "ring", "double_tree", "ring", "bfb")
     assert spawn(back_to_back, 5, (2, algorithms), timeout_s=120) == [[]] * 5
+
+
+def in_place(rank: int, late_rank: int) -> list[str]:
+    """Tensors in shared memory are reduced where they lie, every algorithm bitwise as torch's; a
+    late rank still reading its neighbours' tensors never sees them rewritten for the next call."""
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    if rank == late_rank:
+        real = shm._Group.sync
+
+        def late(self: shm._Group, *args: object) -> None:
+            real(self, *args)  # type: ignore[arg-type]
+            time.sleep(0.002)
+
+        shm._Group.sync = late  # type: ignore[method-assign]
+    p, n, failures = dist.get_world_size(), 2003, []
+    for dtype in (torch.float32, torch.int32):
+        buf = shm.shared_buffer(n + 5, dtype, _world(), _t())
+        assert buf is not None
+        x = buf[5:]  # a slice at an offset: every rank's at the same one
+
+        def values(r: int, i: int, dtype: torch.dtype = dtype) -> torch.Tensor:
+            return (torch.arange(n) * (r + 1 + i) % 17 - 8).to(dtype)  # small integers: exact sums
+
+        # nothing between two calls waits for the late rank: each input is written right after
+        for i, algorithm in enumerate(comm.algorithms("all_reduce")[1:] * 2):
+            x.copy_(values(rank, i))
+            comm.all_reduce(x, algorithm=algorithm, validate=False)
+            want = sum(values(r, i) for r in range(p))
+            if not torch.equal(x, want):
+                failures.append(f"{algorithm} {dtype}: {int((x != want).sum())} wrong elements")
+    group = shm._group(_world(), _t())
+    if not group.placed:
+        failures.append("no call ran in place")
+    ddp = DistributedDataParallel(torch.nn.Linear(8, 4), bucket_cap_mb=1e-4)  # ring: shared buckets
+    native = DistributedDataParallel(torch.nn.Linear(8, 4), algorithm="native")
+    if not all(b.buffer.data_ptr() in group.arenas for b in ddp.buckets):
+        failures.append("ring DDP buckets are not in shared memory")
+    if any(b.buffer.data_ptr() in group.arenas for b in native.buckets):
+        failures.append("native DDP buckets are in shared memory")
+    ddp.close()
+    return failures
+
+
+def test_tensors_in_shared_memory_are_reduced_in_place() -> None:
+    assert spawn(in_place, 4, (2,), timeout_s=120) == [[]] * 4
+
+
+def test_without_shared_memory_there_is_no_shared_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shm, "usable", lambda *a: False)
+    assert shm.shared_buffer(4, torch.float32, None, _t()) is None  # type: ignore[arg-type]

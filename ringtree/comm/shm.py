@@ -20,6 +20,9 @@ all-reduce do on CPUs. This module is that transport for ringtree's schedules:
   combines;
 - only what peers read goes through shared memory (see `_compile`): the rest of the work
   reads and writes the caller's tensor directly.
+- a tensor that already lives in shared memory on every rank (`shared_buffer`: DDP's buckets)
+  is reduced where it lies: peers read its ranges in place, nothing is copied in or out, and
+  the barriers inside a call meet only the ranks that exchange data (a ring's two neighbours).
 
 The schedule, the order of the reductions and so the result are exactly those of the
 point-to-point executor: only the transport differs. It serves CPU tensors on gloo, of any
