@@ -248,8 +248,22 @@ def in_place(rank: int, late_rank: int) -> list[str]:
         failures.append("ring DDP buckets are not in shared memory")
     if any(b.buffer.data_ptr() in group.arenas for b in native.buckets):
         failures.append("native DDP buckets are in shared memory")
+    yields = [_yields_per_step(ddp), _yields_per_step(native)]
+    if yields != [3, 0]:  # ranks sharing the host's cores: a forward and 2 gradients
+        failures.append(f"sched_yield calls per step (ring, native): {yields}")
     ddp.close()
+    native.close()
     return failures
+
+
+def _yields_per_step(ddp: DistributedDataParallel) -> int:
+    calls = []
+    real, os.sched_yield = os.sched_yield, lambda: calls.append(1)  # type: ignore[assignment]
+    try:
+        ddp(torch.ones(2, 8)).sum().backward()
+    finally:
+        os.sched_yield = real  # type: ignore[assignment]
+    return len(calls)
 
 
 def test_tensors_in_shared_memory_are_reduced_in_place() -> None:

@@ -144,6 +144,12 @@ def shared_buffer(
     return own
 
 
+def is_shared(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` lies in a buffer from `shared_buffer` (of any group)."""
+    start, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    return any(g.arena_of(start, nbytes) is not None for g in list(_groups.values()))
+
+
 def _execute_in_place(
     placed: _Placed, plan: _Plan, into: CombineInto, group: _Group, timeout: timedelta, what: str, n: int
 ) -> None:
@@ -427,6 +433,12 @@ class _Group:
     def _forget(self, base: int) -> None:
         self.arenas.pop(base, None)
         self.placed.clear()
+
+    def arena_of(self, start: int, nbytes: int) -> int | None:
+        """The address of the shared buffer that holds [start, start + nbytes), if one does."""
+        return next(
+            (b for b, (size, _) in self.arenas.items() if b <= start and start + nbytes <= b + size), None
+        )
 
     def in_place(self, plan: _Plan, buf: torch.Tensor) -> _Placed | None:
         """The slices of an in-place call on `buf`, or None when `buf` is not in shared memory."""
