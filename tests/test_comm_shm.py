@@ -273,3 +273,25 @@ def test_tensors_in_shared_memory_are_reduced_in_place() -> None:
 def test_without_shared_memory_there_is_no_shared_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shm, "usable", lambda *a: False)
     assert shm.shared_buffer(4, torch.float32, None, _t()) is None  # type: ignore[arg-type]
+
+
+def full_dev_shm(rank: int) -> list[bool]:
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    real = os.posix_fallocate
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    if rank == 1:
+        os.posix_fallocate = full  # type: ignore[assignment]
+    try:
+        got = shm.shared_buffer(1 << 10, torch.float32, _world(), _t())
+    finally:
+        os.posix_fallocate = real
+    x = torch.ones(10)
+    comm.all_reduce(x, algorithm="ring")  # the transport's own buffers still work
+    return [got is None, bool((x == 2).all()), _ours() == []]
+
+
+def test_a_full_dev_shm_on_one_rank_gives_private_buffers_on_every_rank() -> None:
+    assert spawn(full_dev_shm, 2, timeout_s=60) == [[True, True, True]] * 2

@@ -47,7 +47,7 @@ import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import torch
 import torch.distributed as dist
@@ -138,7 +138,9 @@ def shared_buffer(
     if not usable(torch.device("cpu"), pg, timeout):
         return None
     nbytes = numel * dtype.itemsize
-    mapped = _map_all(pg, max(nbytes, 1), timeout)
+    mapped = _map_all(pg, max(nbytes, 1), timeout, required=False)
+    if mapped is None:  # /dev/shm too small on some rank: private memory on every rank, as before
+        return None
     own = mapped[dist.get_rank(pg)][:nbytes].view(dtype)
     _group(pg, timeout).register(own, mapped)
     return own
@@ -517,11 +519,20 @@ def host_key() -> list[object] | None:
         return None
 
 
-def _map_all(pg: dist.ProcessGroup, size: int, timeout: timedelta) -> list[torch.Tensor]:
+@overload
+def _map_all(pg: dist.ProcessGroup, size: int, timeout: timedelta) -> list[torch.Tensor]: ...
+@overload
+def _map_all(
+    pg: dist.ProcessGroup, size: int, timeout: timedelta, required: bool
+) -> list[torch.Tensor] | None: ...
+def _map_all(
+    pg: dist.ProcessGroup, size: int, timeout: timedelta, required: bool = True
+) -> list[torch.Tensor] | None:
     """Create this rank's buffer of `size` bytes, map every rank's, then unlink this rank's file.
 
     Space is reserved up front (posix_fallocate), so a full /dev/shm is an error here and not a
-    SIGBUS later; if any rank fails, every rank gets the same error.
+    SIGBUS later; if any rank fails, every rank gets the same error (or, when not `required`,
+    every rank gets None).
     """
     path = SHM_DIR / f"ringtree-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     error = ""
@@ -536,6 +547,8 @@ def _map_all(pg: dist.ProcessGroup, size: int, timeout: timedelta) -> list[torch
     try:
         entries = _exchange(pg, "mapping the shared buffers", [str(path), error], timeout)
         errors = [e for _, e in entries if e]
+        if errors and not required:
+            return None
         if errors:
             raise CollectiveError(f"{errors[0]}; free space there or set {TRANSPORT_ENV}=p2p")
         views = [torch.from_file(p, shared=True, size=size, dtype=torch.uint8) for p, _ in entries]
