@@ -149,7 +149,13 @@ def shared_buffer(
 def is_shared(tensor: torch.Tensor) -> bool:
     """Whether `tensor` lies in a buffer from `shared_buffer` (of any group)."""
     start, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-    return any(g.arena_of(start, nbytes) is not None for g in list(_groups.values()))
+    with _groups_lock:
+        groups = list(_groups.values())
+    for group in groups:
+        with group.lock:
+            if group.arena_of(start, nbytes) is not None:
+                return True
+    return False
 
 
 def _execute_in_place(
@@ -425,29 +431,37 @@ class _Group:
         self.sliced: dict[tuple[int, int, int, torch.dtype, int], tuple[_Plan, _Views]] = {}
         self.arenas: dict[int, tuple[int, list[torch.Tensor]]] = {}  # own address: (bytes, every rank's)
         self.placed: dict[tuple[int, int, int, torch.dtype], tuple[_Plan, _Placed]] = {}
+        self._dead: list[int] = []  # addresses of shared tensors collected since the last purge
 
     def register(self, own: torch.Tensor, mapped: list[torch.Tensor]) -> None:
         """Remember every rank's mapping of a shared tensor, for as long as `own` lives."""
         base = own.data_ptr()
-        self.arenas[base] = (own.numel() * own.element_size(), mapped)
-        weakref.finalize(own, self._forget, base)
+        with self.lock:
+            self._purge()
+            self.arenas[base] = (own.numel() * own.element_size(), mapped)
+        weakref.finalize(own, self._dead.append, base)
 
-    def _forget(self, base: int) -> None:
-        self.arenas.pop(base, None)
-        self.placed.clear()
+    def _purge(self) -> None:
+        """Forget the shared tensors that died (under the lock; the finalizer, which may run on
+        any thread, only queues them). Until then the entry keeps the mapping, so its address
+        cannot be reused by another tensor."""
+        while self._dead:
+            self.arenas.pop(self._dead.pop(), None)
+            self.placed.clear()
 
     def arena_of(self, start: int, nbytes: int) -> int | None:
-        """The address of the shared buffer that holds [start, start + nbytes), if one does."""
+        """The address of the shared buffer that holds [start, start + nbytes), if one does
+        (under the lock)."""
+        self._purge()
         return next(
             (b for b, (size, _) in self.arenas.items() if b <= start and start + nbytes <= b + size), None
         )
 
     def in_place(self, plan: _Plan, buf: torch.Tensor) -> _Placed | None:
-        """The slices of an in-place call on `buf`, or None when `buf` is not in shared memory."""
+        """The slices of an in-place call on `buf`, or None when `buf` is not in shared memory
+        (under the lock)."""
         start, nbytes = buf.data_ptr(), buf.numel() * buf.element_size()
-        base = next(
-            (b for b, (size, _) in self.arenas.items() if b <= start and start + nbytes <= b + size), None
-        )
+        base = self.arena_of(start, nbytes)
         if base is None:
             return None
         mapped = self.arenas[base][1]
