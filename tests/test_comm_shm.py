@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from datetime import timedelta
@@ -253,6 +254,13 @@ def in_place(rank: int, late_rank: int) -> list[str]:
         failures.append(f"sched_yield calls per step (ring, native): {yields}")
     ddp.close()
     native.close()
+    kept = [b.buffer.data_ptr() for b in ddp.buckets]
+    del ddp, native
+    gc.collect()
+    with group.lock:
+        group.arena_of(0, 0)  # purges what was collected
+        if any(base in group.arenas for base in kept):
+            failures.append("a collected DDP's shared buckets are still registered")
     return failures
 
 

@@ -471,9 +471,12 @@ class _Group:
             if len(self.placed) >= VIEW_CACHE:
                 self.placed.clear()
             at = start - base
+            # slices of the mappings, not of `buf`: a view keeps its base tensor alive, and the
+            # caller's tensor must be free to die (its finalizer forgets the mapping)
             peers = [m[at : at + nbytes].view(buf.dtype) for m in mapped]
+            mine = peers[dist.get_rank(self.pg)]
             reads = [[peers[q][a:b] for q, a, b, _ in ops] for ops in plan.in_place]
-            own = [[buf[a:b] for _, a, b, _ in ops] for ops in plan.in_place]
+            own = [[mine[a:b] for _, a, b, _ in ops] for ops in plan.in_place]
             have = self.placed[key] = (plan, _Placed(reads, own))
         return have[1]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -199,16 +200,23 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
             bucket.reset()
             for i, p in enumerate(bucket.params):
                 p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                    self._hook(bucket, i)
+                    self._hook(bucket.index, i)
                 )
 
-    def _hook(self, bucket: Bucket, i: int) -> Any:
+    def _hook(self, j: int, i: int) -> Any:
+        # The hook lives on the parameter, inside torch's C++ where the garbage collector cannot
+        # follow: a strong reference back to this wrapper or its buckets (which hold the
+        # parameter) would keep them, and the buckets' shared memory, for as long as the process runs.
+        owner = weakref.ref(self)
+
         def on_grad_ready(param: torch.Tensor) -> None:
-            if not self._expect_sync:
+            self = owner()
+            if self is None or not self._expect_sync:
                 return
             if not self._in_backward:
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            bucket = self.buckets[j]
             assert param.grad is not None and i not in bucket.ready
             self._fill(bucket, i, param)
             self._mark_ready(bucket, i)
