@@ -8,7 +8,10 @@ the bucket (torch DDP's gradient_as_bucket_view, always on): the reduced values 
 with no copy back, and a gradient that autograd accumulates into an existing `.grad` (no_sync,
 zero_grad(set_to_none=False)) is already in its bucket. A bucket whose gradients are all in is
 launched at once, so its all-reduce overlaps the rest of backward. backward() returns only
-after every bucket is reduced.
+after every bucket is reduced; the buckets the comm thread has not started by then run on
+backward's own thread. When ringtree's schedules run over shared memory (every rank of the group
+on this host, CPU), the buckets live there and are reduced in place, and ranks yield their core
+at every gradient so that they reach each bucket together.
 """
 
 from __future__ import annotations
