@@ -176,6 +176,38 @@ def test_a_rank_that_dies_is_named_at_once() -> None:
     assert float(seconds) < 10  # not the 30 s timeout
 
 
+def non_neighbour_dies(rank: int) -> str:
+    """5 ranks: rank 2 dies inside a ring call, after its first barrier, without ringing again."""
+    x = torch.ones(1 << 10)
+    comm.all_reduce(x, algorithm="ring")
+    if rank == 2:
+        bells = shm._group(_world(), _t()).bells
+        assert bells is not None
+        real, met = shm._Doorbells.sync, bells.epoch
+
+        def dying(self: shm._Doorbells, timeout: timedelta, peers: object = None) -> None:
+            if self.epoch > met:  # past the next call's first barrier (every rank)
+                os._exit(0)
+            real(self, timeout, peers)  # type: ignore[arg-type]
+
+        shm._Doorbells.sync = dying  # type: ignore[method-assign]
+    start = time.monotonic()
+    try:
+        comm.all_reduce(x, algorithm="ring", timeout_s=30, validate=False)
+    except comm.CollectiveError as e:
+        return f"{time.monotonic() - start:.1f} {e}"
+    return "no error"
+
+
+def test_a_rank_that_dies_is_named_by_ranks_that_do_not_wait_for_it() -> None:
+    """Rank 0 meets only ranks 1 and 4 inside a 5-rank ring call: when they give up (rank 2 died
+    before ringing them) and exit, it names them and rank 2 at once."""
+    message = spawn(non_neighbour_dies, 5, timeout_s=60, allow_missing=True)[0]
+    seconds, _, text = message.partition(" ")
+    assert "exited while this rank waited for it" in text and "rank 2 (pid" in text, text
+    assert float(seconds) < 10  # not the 30 s timeout
+
+
 def back_to_back(rank: int, late_rank: int = 1, algorithms: tuple[str, ...] = ("ring",)) -> list[str]:
     """A late reader: rank 1 sleeps after every barrier, so the others start the next call (and
     write their buffers) while it still reads the last step of this one."""

@@ -338,11 +338,13 @@ class _Doorbells:
         self.outboxes = dict(zip(self.peers, outboxes, strict=True))
         self.rung = [0] * len(pids)  # tokens received from each peer
         self.expected = [0] * len(pids)  # barriers met with each peer
+        self.epoch = 0  # barriers this rank has entered, with any peers
 
     def sync(self, timeout: timedelta, peers: tuple[int, ...] | None = None) -> None:
         """Ring `peers` (every peer by default), then wait for each of them; a peer whose process
         is gone fails the wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
         peers = self.peers if peers is None else peers
+        self.epoch += 1
         for q in peers:
             self.expected[q] += 1
             os.write(self.outboxes[q], self.token)
@@ -357,8 +359,22 @@ class _Doorbells:
                 for (q,) in struct.iter_unpack("<I", os.read(self.inbox, 1 << 16)):
                     self.rung[q] += 1
             elif dead := [q for q in late if not alive(self.pids[q])]:
-                gone = ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in dead)
-                raise RuntimeError(f"{gone} exited while this rank waited for it")
+                raise RuntimeError(self._gone(dead))
+
+    def _gone(self, dead: list[int]) -> str:
+        """Name the late peers that exited, and any other rank gone too: inside a call a rank waits
+        only for its neighbours, which may have given up because a rank further away died. (A rank
+        that is not waited for may also have exited after finishing, so only a late one fails.)"""
+        also = [q for q in self.peers if q not in dead and not alive(self.pids[q])]
+        named = ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in dead)
+        text = f"{named} exited while this rank waited for it"
+        if also:
+            text += (
+                "; "
+                + ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in also)
+                + " had exited too"
+            )
+        return text
 
 
 LIVENESS_S = 0.2  # how often a waiting rank checks that the peers it waits for still run
