@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from datetime import timedelta
@@ -16,6 +17,7 @@ from ringtree import comm, schedules
 from ringtree.comm import shm
 from ringtree.comm.reduce_ops import COMBINE
 from ringtree.launch import spawn
+from ringtree.parallel import DistributedDataParallel
 from ringtree.schedules.base import Builder
 from ringtree.topology import Topology
 
@@ -47,6 +49,28 @@ def test_a_step_that_receives_into_what_it_sends_is_staged() -> None:
     s = b.build("exchange", "all_reduce", 8)
     assert shm._compile(s, 0).staged == frozenset({0})
     assert shm._compile(ring(2, 8), 0).staged == frozenset()
+
+
+def test_a_ring_rank_meets_only_its_two_neighbours_inside_a_call() -> None:
+    assert shm._compile(ring(5, 5000), 0).neighbours == (1, 4)
+    assert shm._compile(ring(5, 5000), 3).neighbours == (2, 4)
+
+
+@pytest.mark.parametrize("p", [5, 6])
+def test_every_schedule_s_neighbours_are_symmetric(p: int) -> None:
+    """Barriers among neighbours count per pair: q meets r as often as r meets q only if the
+    relation is symmetric, in every collective and algorithm (and at every root)."""
+    for collective in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
+        for algorithm in schedules.algorithms(collective):
+            for root in (0, p - 1):
+                topology = Topology(p, p // 2 if p % 2 == 0 else p)
+                request = schedules.Request(collective, algorithm, topology, 60 * p, 4, root)
+                s = schedules.build(request)
+                near = [set(shm._compile(s, r).neighbours) for r in range(p)]
+                assert all((q in near[r]) == (r in near[q]) for r in range(p) for q in range(p)), (
+                    collective,
+                    algorithm,
+                )
 
 
 def test_transport_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,11 +176,43 @@ def test_a_rank_that_dies_is_named_at_once() -> None:
     assert float(seconds) < 10  # not the 30 s timeout
 
 
-def back_to_back(rank: int) -> list[str]:
+def non_neighbour_dies(rank: int) -> str:
+    """5 ranks: rank 2 dies inside a ring call, after its first barrier, without ringing again."""
+    x = torch.ones(1 << 10)
+    comm.all_reduce(x, algorithm="ring")
+    if rank == 2:
+        bells = shm._group(_world(), _t()).bells
+        assert bells is not None
+        real, met = shm._Doorbells.sync, bells.epoch
+
+        def dying(self: shm._Doorbells, timeout: timedelta, peers: object = None) -> None:
+            if self.epoch > met:  # past the next call's first barrier (every rank)
+                os._exit(0)
+            real(self, timeout, peers)  # type: ignore[arg-type]
+
+        shm._Doorbells.sync = dying  # type: ignore[method-assign]
+    start = time.monotonic()
+    try:
+        comm.all_reduce(x, algorithm="ring", timeout_s=30, validate=False)
+    except comm.CollectiveError as e:
+        return f"{time.monotonic() - start:.1f} {e}"
+    return "no error"
+
+
+def test_a_rank_that_dies_is_named_by_ranks_that_do_not_wait_for_it() -> None:
+    """Rank 0 meets only ranks 1 and 4 inside a 5-rank ring call: when they give up (rank 2 died
+    before ringing them) and exit, it names them and rank 2 at once."""
+    message = spawn(non_neighbour_dies, 5, timeout_s=60, allow_missing=True)[0]
+    seconds, _, text = message.partition(" ")
+    assert "exited while this rank waited for it" in text and "rank 2 (pid" in text, text
+    assert float(seconds) < 10  # not the 30 s timeout
+
+
+def back_to_back(rank: int, late_rank: int = 1, algorithms: tuple[str, ...] = ("ring",)) -> list[str]:
     """A late reader: rank 1 sleeps after every barrier, so the others start the next call (and
     write their buffers) while it still reads the last step of this one."""
     os.environ[shm.TRANSPORT_ENV] = "shm"
-    if rank == 1:
+    if rank == late_rank:
         real = shm._Group.sync
 
         def late(self: shm._Group, *args: object) -> None:
@@ -167,13 +223,115 @@ def back_to_back(rank: int) -> list[str]:
     p, failures = dist.get_world_size(), []
     n = 999  # one size: a ring rank's first write (copy in) is the range its successor reads last
     for i in range(12):
+        algorithm = algorithms[i % len(algorithms)]
         x = torch.arange(n, dtype=torch.float32) + 1000 * rank + i
-        comm.all_reduce(x, algorithm="ring", validate=False)
+        comm.all_reduce(x, algorithm=algorithm, validate=False)
         want = p * torch.arange(n, dtype=torch.float32) + 1000 * sum(range(p)) + p * i
         if not torch.equal(x, want):
-            failures.append(f"call {i}: {int((x != want).sum())} wrong elements")
+            failures.append(f"call {i} ({algorithm}): {int((x != want).sum())} wrong elements")
     return failures
 
 
 def test_back_to_back_calls_with_a_late_reader_stay_exact() -> None:
     assert spawn(back_to_back, 3, timeout_s=120) == [[], [], []]
+
+
+def test_a_late_rank_beyond_the_neighbours_stays_exact() -> None:
+    """5 ranks: inside a call the ring's ranks wait only for their two neighbours, so rank 0
+    runs ahead of late rank 2 (not its neighbour); the results stay exact, also when calls of
+    other algorithms (other neighbours) come in between."""
+    algorithms = ("ring", "halving_doubling", "ring", "double_tree", "ring", "bfb")
+    assert spawn(back_to_back, 5, (2, algorithms), timeout_s=120) == [[]] * 5
+
+
+def in_place(rank: int, late_rank: int) -> list[str]:
+    """Tensors in shared memory are reduced where they lie, every algorithm bitwise as torch's; a
+    late rank still reading its neighbours' tensors never sees them rewritten for the next call."""
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    if rank == late_rank:
+        real = shm._Group.sync
+
+        def late(self: shm._Group, *args: object) -> None:
+            real(self, *args)  # type: ignore[arg-type]
+            time.sleep(0.002)
+
+        shm._Group.sync = late  # type: ignore[method-assign]
+    p, n, failures = dist.get_world_size(), 2003, []
+    for dtype in (torch.float32, torch.int32):
+        buf = shm.shared_buffer(n + 5, dtype, _world(), _t())
+        assert buf is not None
+        x = buf[5:]  # a slice at an offset: every rank's at the same one
+
+        def values(r: int, i: int, dtype: torch.dtype = dtype) -> torch.Tensor:
+            return (torch.arange(n) * (r + 1 + i) % 17 - 8).to(dtype)  # small integers: exact sums
+
+        # nothing between two calls waits for the late rank: each input is written right after
+        for i, algorithm in enumerate(comm.algorithms("all_reduce")[1:] * 2):
+            x.copy_(values(rank, i))
+            comm.all_reduce(x, algorithm=algorithm, validate=False)
+            want = sum(values(r, i) for r in range(p))
+            if not torch.equal(x, want):
+                failures.append(f"{algorithm} {dtype}: {int((x != want).sum())} wrong elements")
+    group = shm._group(_world(), _t())
+    if not group.placed:
+        failures.append("no call ran in place")
+    ddp = DistributedDataParallel(torch.nn.Linear(8, 4), bucket_cap_mb=1e-4)  # ring: shared buckets
+    native = DistributedDataParallel(torch.nn.Linear(8, 4), algorithm="native")
+    if not all(b.buffer.data_ptr() in group.arenas for b in ddp.buckets):
+        failures.append("ring DDP buckets are not in shared memory")
+    if any(b.buffer.data_ptr() in group.arenas for b in native.buckets):
+        failures.append("native DDP buckets are in shared memory")
+    yields = [_yields_per_step(ddp), _yields_per_step(native)]
+    if yields != [3, 0]:  # ranks sharing the host's cores: a forward and 2 gradients
+        failures.append(f"sched_yield calls per step (ring, native): {yields}")
+    ddp.close()
+    native.close()
+    kept = [b.buffer.data_ptr() for b in ddp.buckets]
+    del ddp, native
+    gc.collect()
+    with group.lock:
+        group.arena_of(0, 0)  # purges what was collected
+        if any(base in group.arenas for base in kept):
+            failures.append("a collected DDP's shared buckets are still registered")
+    return failures
+
+
+def _yields_per_step(ddp: DistributedDataParallel) -> int:
+    calls = []
+    real, os.sched_yield = os.sched_yield, lambda: calls.append(1)  # type: ignore[assignment]
+    try:
+        ddp(torch.ones(2, 8)).sum().backward()
+    finally:
+        os.sched_yield = real  # type: ignore[assignment]
+    return len(calls)
+
+
+def test_tensors_in_shared_memory_are_reduced_in_place() -> None:
+    assert spawn(in_place, 4, (2,), timeout_s=120) == [[]] * 4
+
+
+def test_without_shared_memory_there_is_no_shared_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shm, "usable", lambda *a: False)
+    assert shm.shared_buffer(4, torch.float32, None, _t()) is None  # type: ignore[arg-type]
+
+
+def full_dev_shm(rank: int) -> list[bool]:
+    os.environ[shm.TRANSPORT_ENV] = "shm"
+    real = os.posix_fallocate
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    if rank == 1:
+        os.posix_fallocate = full  # type: ignore[assignment]
+    try:
+        got = shm.shared_buffer(1 << 10, torch.float32, _world(), _t())
+    finally:
+        os.posix_fallocate = real
+    x = torch.ones(10)
+    comm.all_reduce(x, algorithm="ring")  # the transport's own buffers still work
+    return [got is None, bool((x == 2).all()), _ours() == []]
+
+
+def test_a_full_dev_shm_on_one_rank_gives_private_buffers_on_every_rank() -> None:
+    assert spawn(full_dev_shm, 2, timeout_s=60) == [[True, True, True]] * 2

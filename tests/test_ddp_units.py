@@ -84,6 +84,49 @@ def test_comm_thread_runs_buckets_in_launch_order(monkeypatch: pytest.MonkeyPatc
     assert all(s.end >= s.start for s in spans)
 
 
+def test_wait_all_runs_unstarted_buckets_on_the_caller_s_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comm thread holds bucket 0 while the caller waits: buckets 1-2 are taken back and run
+    on the caller's thread, after bucket 0, in launch order; a deferred bucket never leaves it."""
+    import threading
+
+    seen: list[tuple[float, str]] = []
+    hold = threading.Event()
+
+    def reduce(t: torch.Tensor, *a: object, **k: object) -> None:
+        if float(t[0]) == 0:
+            hold.wait(5.0)
+        seen.append((float(t[0]), threading.current_thread().name))
+
+    monkeypatch.setattr(launcher.comm, "all_reduce", reduce)
+    thread = launcher.ThreadLauncher("ring", None, timeout_s=5.0)
+    for j in range(3):
+        thread.launch(j, torch.full((2,), float(j)), validate=False)
+    thread.launch(3, torch.full((2,), 3.0), validate=False, defer=True)
+    threading.Timer(0.2, hold.set).start()
+    spans = thread.wait_all()
+    thread.close()
+    caller = threading.current_thread().name
+    assert [v for v, _ in seen] == [0, 1, 2, 3] and [s.bucket for s in spans] == [0, 1, 2, 3]
+    assert seen[0][1].startswith("ringtree-ddp-comm")
+    assert [name for _, name in seen[1:]] == [caller] * 3
+
+
+def test_taking_back_stops_at_the_first_started_bucket() -> None:
+    from concurrent.futures import Future
+
+    started: Future[launcher.Span] = Future()
+    started.set_running_or_notify_cancel()
+    waiting: list[Future[launcher.Span]] = [Future(), Future()]
+    assert launcher._take_back_unstarted([Future(), started, *waiting, None]) == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    assert all(f.cancelled() for f in waiting)
+
+
 def test_gradient_as_bucket_view_is_accepted_without_a_warning() -> None:
     from ringtree.parallel import ddp
 

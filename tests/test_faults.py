@@ -90,10 +90,10 @@ def dead_peer(rank: int, algorithm: str, transport: str) -> tuple[str, float]:
 
         real_sync = shm._Doorbells.sync
 
-        def dying_sync(self: shm._Doorbells, timeout: Any) -> None:
+        def dying_sync(self: shm._Doorbells, timeout: Any, peers: Any = None) -> None:
             if self.epoch >= 2:  # shared memory: dies after step 0, without ringing
                 os._exit(0)
-            real_sync(self, timeout)
+            real_sync(self, timeout, peers)
 
         executor._wait = dying
         executor._wait_one = dying_one

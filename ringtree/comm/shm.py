@@ -20,6 +20,9 @@ all-reduce do on CPUs. This module is that transport for ringtree's schedules:
   combines;
 - only what peers read goes through shared memory (see `_compile`): the rest of the work
   reads and writes the caller's tensor directly.
+- a tensor that already lives in shared memory on every rank (`shared_buffer`: DDP's buckets)
+  is reduced where it lies: peers read its ranges in place, nothing is copied in or out, and
+  the barriers inside a call meet only the ranks that exchange data (a ring's two neighbours).
 
 The schedule, the order of the reductions and so the result are exactly those of the
 point-to-point executor: only the transport differs. It serves CPU tensors on gloo, of any
@@ -44,14 +47,14 @@ import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import torch
 import torch.distributed as dist
 
 from ringtree.comm.errors import CollectiveError
 from ringtree.comm.flight_recorder import default_store
-from ringtree.comm.reduce_ops import COMBINE_INTO, Combine
+from ringtree.comm.reduce_ops import COMBINE_INTO, Combine, CombineInto
 from ringtree.schedules import OpKind, Schedule, Step
 
 SHM_DIR = Path("/dev/shm")
@@ -94,15 +97,20 @@ def execute(
     into = COMBINE_INTO[combine]
     group = _group(pg, timeout)
     with group.lock:
+        placed = group.in_place(plan, buf)
+        if placed is not None:
+            _execute_in_place(placed, plan, into, group, timeout, what, schedule.num_steps)
+            return
         views = group.views(plan, rank, buf.numel() * buf.element_size(), buf.dtype, timeout)
         n = schedule.num_steps
+        near = plan.neighbours  # inside a call a rank meets only the ranks it exchanges with
         for (a, b), own in zip(plan.copy_in, views.copy_in, strict=True):
             own.copy_(buf[a:b])
-        group.sync(timeout, what, 0, n)
+        group.sync(timeout, what, 0, n)  # every rank: each has finished the call before last
         for t, ops in enumerate(plan.steps):
             if t in plan.staged:
                 held = [v.clone() for v in views.reads[t]]
-                group.sync(timeout, what, t + 1, n)
+                group.sync(timeout, what, t + 1, n, near)
             else:
                 held = views.reads[t]
             for o, incoming, own in zip(ops, held, views.own[t], strict=True):
@@ -112,9 +120,71 @@ def execute(
                 else:
                     out.copy_(incoming)
             if t + 1 < n:  # no barrier after the last step: the next call uses the other half
-                group.sync(timeout, what, t + 1, n)
+                group.sync(timeout, what, t + 1, n, near)
         for (a, b), own in zip(plan.copy_out, views.copy_out, strict=True):
             buf[a:b].copy_(own)
+
+
+def shared_buffer(
+    numel: int, dtype: torch.dtype, pg: dist.ProcessGroup, timeout: timedelta
+) -> torch.Tensor | None:
+    """A zeroed CPU tensor of `numel` elements that lives in shared memory, or None where the
+    group does not use shared memory (collective: every rank asks for the same, in the same order).
+
+    A collective on such a tensor (or a slice of it) runs in place when every rank passes its own
+    at the same offset: peers read it where it lies, so nothing is copied in or out of the
+    transport (torch DDP's buckets registered with the transport, as NCCL's registered buffers).
+    """
+    if not usable(torch.device("cpu"), pg, timeout):
+        return None
+    nbytes = numel * dtype.itemsize
+    mapped = _map_all(pg, max(nbytes, 1), timeout, required=False)
+    if mapped is None:  # /dev/shm too small on some rank: private memory on every rank, as before
+        return None
+    own = mapped[dist.get_rank(pg)][:nbytes].view(dtype)
+    _group(pg, timeout).register(own, mapped)
+    return own
+
+
+def is_shared(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` lies in a buffer from `shared_buffer` (of any group)."""
+    start, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    with _groups_lock:
+        groups = list(_groups.values())
+    for group in groups:
+        with group.lock:
+            if group.arena_of(start, nbytes) is not None:
+                return True
+    return False
+
+
+def _execute_in_place(
+    placed: _Placed, plan: _Plan, into: CombineInto, group: _Group, timeout: timedelta, what: str, n: int
+) -> None:
+    """The schedule's steps on a tensor every rank keeps in shared memory: read the peers' ranges
+    where they lie, combine into this rank's own. The first barrier (every rank) says every input
+    is written; one among the neighbours after the last step says no peer still reads this
+    rank's tensor when the caller writes it again."""
+    near = plan.neighbours
+    group.sync(timeout, what, 0, n)
+    for t, (reads, own) in enumerate(zip(placed.reads, placed.own, strict=True)):
+        held = reads
+        if t in plan.staged:
+            held = [v.clone() for v in reads]
+            group.sync(timeout, what, t + 1, n, near)
+        for (_, _, _, reduce), incoming, mine in zip(plan.in_place[t], held, own, strict=True):
+            if reduce:
+                into(mine, incoming, mine)
+            else:
+                mine.copy_(incoming)
+        group.sync(timeout, what, t + 1, n, near)
+
+
+class _Placed(NamedTuple):
+    """One in-place call's slices: per step, what this rank reads from peers and its own ranges."""
+
+    reads: list[list[torch.Tensor]]
+    own: list[list[torch.Tensor]]
 
 
 class _Read(NamedTuple):
@@ -136,6 +206,8 @@ class _Plan:
     steps: list[list[_Read]]
     staged: frozenset[int]
     copy_out: list[tuple[int, int]]  # ranges whose final value is only in the shared buffer
+    neighbours: tuple[int, ...]  # the peers this rank sends to or receives from at any step
+    in_place: list[list[tuple[int, int, int, bool]]]  # per step (peer, start, stop, reduce) received
 
 
 _plans: weakref.WeakKeyDictionary[Schedule, dict[int, _Plan]] = weakref.WeakKeyDictionary()
@@ -183,7 +255,17 @@ def _compile(schedule: Schedule, rank: int) -> _Plan:
                 (in_shared.add if shared else in_shared.discard)(piece)
         plan_steps.append(_merge(ops))
     copy_out = [p for p in pieces if writes[p] and p in in_shared]
-    return _Plan(_join(copy_in), plan_steps, _staged_steps(schedule), _join(copy_out))
+    neighbours = tuple(sorted({op.peer for step in steps for op in step} - {rank}))
+    in_place = [
+        [
+            (op.peer, op.start, op.stop, op.kind is OpKind.RECV_REDUCE)
+            for op in step
+            if op.kind is not OpKind.SEND
+        ]
+        for step in steps
+    ]
+    staged = _staged_steps(schedule)
+    return _Plan(_join(copy_in), plan_steps, staged, _join(copy_out), neighbours, in_place)
 
 
 def _covered(pieces: list[tuple[int, int]], start: int, stop: int) -> list[tuple[int, int]]:
@@ -240,28 +322,34 @@ def _overlaps(step: Step) -> bool:
 class _Doorbells:
     """A barrier among the ranks of one host through named pipes (FIFOs) under /dev/shm.
 
-    Ringing is one 4-byte write of this rank's number into every peer's pipe; waiting is
-    reading this rank's own pipe until every peer has rung as often as this rank has. The
+    Ringing is one 4-byte write of this rank's number into a peer's pipe; waiting is reading
+    this rank's own pipe until every peer it meets has rung as often as this rank expects. The
     kernel wakes the reader at once and orders the writes to shared memory before the ring:
     47 us against 1.1 ms for a one-element gloo all-reduce on 4 ranks of the 2-core reference
     machine (benchmarks/shm_sync.py), and a ring all-reduce synchronises after every step.
+    A barrier may be among a subset of the ranks (a schedule's neighbours): counts are kept per
+    pair, so every pair must meet equally often on both sides, which symmetric subsets ensure.
     """
 
     def __init__(self, rank: int, inbox: int, outboxes: list[int], pids: list[int], names: list[int]) -> None:
-        self.rank, self.inbox, self.outboxes, self.pids, self.names = rank, inbox, outboxes, pids, names
+        self.rank, self.inbox, self.pids, self.names = rank, inbox, pids, names
         self.token = struct.pack("<I", rank)
-        self.rung = [0] * len(pids)
-        self.peers = [q for q in range(len(pids)) if q != rank]
-        self.epoch = 0
+        self.peers = tuple(q for q in range(len(pids)) if q != rank)
+        self.outboxes = dict(zip(self.peers, outboxes, strict=True))
+        self.rung = [0] * len(pids)  # tokens received from each peer
+        self.expected = [0] * len(pids)  # barriers met with each peer
+        self.epoch = 0  # barriers this rank has entered, with any peers
 
-    def sync(self, timeout: timedelta) -> None:
-        """Ring every peer, then wait for all of them; a peer whose process is gone fails the
-        wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
+    def sync(self, timeout: timedelta, peers: tuple[int, ...] | None = None) -> None:
+        """Ring `peers` (every peer by default), then wait for each of them; a peer whose process
+        is gone fails the wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
+        peers = self.peers if peers is None else peers
         self.epoch += 1
-        for fd in self.outboxes:
-            os.write(fd, self.token)
+        for q in peers:
+            self.expected[q] += 1
+            os.write(self.outboxes[q], self.token)
         deadline = time.monotonic() + timeout.total_seconds()
-        while late := [q for q in self.peers if self.rung[q] < self.epoch]:
+        while late := [q for q in peers if self.rung[q] < self.expected[q]]:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(
@@ -271,8 +359,22 @@ class _Doorbells:
                 for (q,) in struct.iter_unpack("<I", os.read(self.inbox, 1 << 16)):
                     self.rung[q] += 1
             elif dead := [q for q in late if not alive(self.pids[q])]:
-                gone = ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in dead)
-                raise RuntimeError(f"{gone} exited while this rank waited for it")
+                raise RuntimeError(self._gone(dead))
+
+    def _gone(self, dead: list[int]) -> str:
+        """Name the late peers that exited, and any other rank gone too: inside a call a rank waits
+        only for its neighbours, which may have given up because a rank further away died. (A rank
+        that is not waited for may also have exited after finishing, so only a late one fails.)"""
+        also = [q for q in self.peers if q not in dead and not alive(self.pids[q])]
+        named = ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in dead)
+        text = f"{named} exited while this rank waited for it"
+        if also:
+            text += (
+                "; "
+                + ", ".join(f"rank {self.names[q]} (pid {self.pids[q]})" for q in also)
+                + " had exited too"
+            )
+        return text
 
 
 LIVENESS_S = 0.2  # how often a waiting rank checks that the peers it waits for still run
@@ -343,6 +445,56 @@ class _Group:
         self.bells: _Doorbells | None = None
         self.half = 0  # the half the next call uses (every rank makes the same calls in order)
         self.sliced: dict[tuple[int, int, int, torch.dtype, int], tuple[_Plan, _Views]] = {}
+        self.arenas: dict[int, tuple[int, list[torch.Tensor]]] = {}  # own address: (bytes, every rank's)
+        self.placed: dict[tuple[int, int, int, torch.dtype], tuple[_Plan, _Placed]] = {}
+        self._dead: list[int] = []  # addresses of shared tensors collected since the last purge
+
+    def register(self, own: torch.Tensor, mapped: list[torch.Tensor]) -> None:
+        """Remember every rank's mapping of a shared tensor, for as long as `own` lives."""
+        base = own.data_ptr()
+        with self.lock:
+            self._purge()
+            self.arenas[base] = (own.numel() * own.element_size(), mapped)
+        weakref.finalize(own, self._dead.append, base)
+
+    def _purge(self) -> None:
+        """Forget the shared tensors that died (under the lock; the finalizer, which may run on
+        any thread, only queues them). Until then the entry keeps the mapping, so its address
+        cannot be reused by another tensor."""
+        while self._dead:
+            self.arenas.pop(self._dead.pop(), None)
+            self.placed.clear()
+
+    def arena_of(self, start: int, nbytes: int) -> int | None:
+        """The address of the shared buffer that holds [start, start + nbytes), if one does
+        (under the lock)."""
+        self._purge()
+        return next(
+            (b for b, (size, _) in self.arenas.items() if b <= start and start + nbytes <= b + size), None
+        )
+
+    def in_place(self, plan: _Plan, buf: torch.Tensor) -> _Placed | None:
+        """The slices of an in-place call on `buf`, or None when `buf` is not in shared memory
+        (under the lock)."""
+        start, nbytes = buf.data_ptr(), buf.numel() * buf.element_size()
+        base = self.arena_of(start, nbytes)
+        if base is None:
+            return None
+        mapped = self.arenas[base][1]
+        key = (id(plan), start, nbytes, buf.dtype)
+        have = self.placed.get(key)
+        if have is None or have[0] is not plan:
+            if len(self.placed) >= VIEW_CACHE:
+                self.placed.clear()
+            at = start - base
+            # slices of the mappings, not of `buf`: a view keeps its base tensor alive, and the
+            # caller's tensor must be free to die (its finalizer forgets the mapping)
+            peers = [m[at : at + nbytes].view(buf.dtype) for m in mapped]
+            mine = peers[dist.get_rank(self.pg)]
+            reads = [[peers[q][a:b] for q, a, b, _ in ops] for ops in plan.in_place]
+            own = [[mine[a:b] for _, a, b, _ in ops] for ops in plan.in_place]
+            have = self.placed[key] = (plan, _Placed(reads, own))
+        return have[1]
 
     def views(self, plan: _Plan, rank: int, nbytes: int, dtype: torch.dtype, timeout: timedelta) -> _Views:
         """The call's slices of every rank's buffer (collective when the buffers grow)."""
@@ -362,11 +514,14 @@ class _Group:
             have = self.sliced[key] = (plan, _slice(shared, rank, plan))
         return have[1]
 
-    def sync(self, timeout: timedelta, what: str, t: int, n: int) -> None:
+    def sync(
+        self, timeout: timedelta, what: str, t: int, n: int, peers: tuple[int, ...] | None = None
+    ) -> None:
+        """A barrier with `peers` (group ranks; every rank of the group by default)."""
         if self.bells is None:
             self.bells = _doorbells(self.pg, timeout)
         try:
-            self.bells.sync(timeout)
+            self.bells.sync(timeout, peers)
         except RuntimeError as e:
             raise CollectiveError(_failed(f"{what} at step {t}/{n}", e, timeout)) from e
 
@@ -397,11 +552,20 @@ def host_key() -> list[object] | None:
         return None
 
 
-def _map_all(pg: dist.ProcessGroup, size: int, timeout: timedelta) -> list[torch.Tensor]:
+@overload
+def _map_all(pg: dist.ProcessGroup, size: int, timeout: timedelta) -> list[torch.Tensor]: ...
+@overload
+def _map_all(
+    pg: dist.ProcessGroup, size: int, timeout: timedelta, required: bool
+) -> list[torch.Tensor] | None: ...
+def _map_all(
+    pg: dist.ProcessGroup, size: int, timeout: timedelta, required: bool = True
+) -> list[torch.Tensor] | None:
     """Create this rank's buffer of `size` bytes, map every rank's, then unlink this rank's file.
 
     Space is reserved up front (posix_fallocate), so a full /dev/shm is an error here and not a
-    SIGBUS later; if any rank fails, every rank gets the same error.
+    SIGBUS later; if any rank fails, every rank gets the same error (or, when not `required`,
+    every rank gets None).
     """
     path = SHM_DIR / f"ringtree-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     error = ""
@@ -416,6 +580,8 @@ def _map_all(pg: dist.ProcessGroup, size: int, timeout: timedelta) -> list[torch
     try:
         entries = _exchange(pg, "mapping the shared buffers", [str(path), error], timeout)
         errors = [e for _, e in entries if e]
+        if errors and not required:
+            return None
         if errors:
             raise CollectiveError(f"{errors[0]}; free space there or set {TRANSPORT_ENV}=p2p")
         views = [torch.from_file(p, shared=True, size=size, dtype=torch.uint8) for p, _ in entries]

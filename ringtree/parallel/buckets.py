@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -82,8 +82,15 @@ def assign(
     return groups
 
 
-def build(named: Sequence[tuple[str, torch.nn.Parameter]], cap_bytes: int) -> list[Bucket]:
-    """Buckets for the parameters that require gradients, each with a zeroed flat buffer."""
+# Where a bucket's zeroed flat buffer comes from: (elements, dtype) -> tensor, or None for torch.zeros.
+Allocator = Callable[[int, torch.dtype], torch.Tensor | None]
+
+
+def build(
+    named: Sequence[tuple[str, torch.nn.Parameter]], cap_bytes: int, alloc: Allocator | None = None
+) -> list[Bucket]:
+    """Buckets for the parameters that require gradients, each with a zeroed flat buffer (from
+    `alloc` where it gives one: DDP's buffers in the shared-memory transport)."""
     trainable = [(n, p) for n, p in named if p.requires_grad]
     buckets = []
     for j, members in enumerate(assign(trainable, cap_bytes)):
@@ -92,6 +99,8 @@ def build(named: Sequence[tuple[str, torch.nn.Parameter]], cap_bytes: int) -> li
         for p in params:
             offsets.append(total)
             total += p.numel()
-        buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+        buffer = alloc(total, params[0].dtype) if alloc is not None else None
+        if buffer is None:
+            buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
         buckets.append(Bucket(j, params, [trainable[i][0] for i in members], offsets, buffer))
     return buckets

@@ -8,16 +8,22 @@ the bucket (torch DDP's gradient_as_bucket_view, always on): the reduced values 
 with no copy back, and a gradient that autograd accumulates into an existing `.grad` (no_sync,
 zero_grad(set_to_none=False)) is already in its bucket. A bucket whose gradients are all in is
 launched at once, so its all-reduce overlaps the rest of backward. backward() returns only
-after every bucket is reduced.
+after every bucket is reduced; the buckets the comm thread has not started by then run on
+backward's own thread. When ringtree's schedules run over shared memory (every rank of the group
+on this host, CPU), the buckets live there and are reduced in place, and ranks yield their core
+at every gradient so that they reach each bucket together.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -25,7 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree import comm
-from ringtree.parallel.buckets import MB, Bucket, build
+from ringtree.comm import shm
+from ringtree.parallel.buckets import MB, Allocator, Bucket, build
 from ringtree.parallel.launcher import Launcher, Span, make_launcher
 from ringtree.parallel.replicas import broadcast_state
 
@@ -121,7 +128,12 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         self._src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         broadcast_state(module, process_group, _broadcast_algorithm(algorithm), timeout_s, src=self._src)
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.buckets: list[Bucket] = build(self._named, int(bucket_cap_mb * MB))
+        self.buckets: list[Bucket] = build(self._named, int(bucket_cap_mb * MB), self._shared_allocator())
+        # Ranks on one host share its cores: yield the core at every gradient and every forward,
+        # so that ranks progress together and a bucket's ring starts when the last rank is ready
+        # (4 ranks on 2 cores: exposed communication 11.5 -> 7 ms of a 35 ms step, step unchanged;
+        # docs/benchmarks.md). sched_yield returns at once when nothing else waits for the core.
+        self._yield = any(shm.is_shared(b.buffer) for b in self.buckets)
         self._register_hooks()
         self._sync_enabled = True  # False inside no_sync()
         self._expect_sync = False  # set by a forward outside no_sync, cleared when the sync ends
@@ -132,9 +144,23 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         self._exposed_s = 0.0
         self.last_sync = SyncStats()
 
+    def _shared_allocator(self) -> Allocator | None:
+        """Buckets in shared memory where ringtree's schedules run over it (every rank of the
+        group on this host, CPU, gloo): peers read them in place, nothing is copied in or out of
+        the transport. Compressed buckets travel as copies, so they stay in private memory."""
+        if self.algorithm == "native" or self.compression is not None or self.world_size == 1:
+            return None
+        if any(p.device.type != "cpu" for _, p in self._named):
+            return None
+        pg = self.process_group or dist.distributed_c10d._get_default_group()
+        timeout = timedelta(seconds=self._timeout_s)
+        return lambda numel, dtype: shm.shared_buffer(numel, dtype, pg, timeout)
+
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module; a forward outside no_sync() makes the next backward synchronize."""
         if torch.is_grad_enabled():
+            if self._yield:
+                os.sched_yield()
             self._expect_sync = self._sync_enabled
             if self.broadcast_buffers and self.world_size > 1:
                 broadcast_state(
@@ -177,19 +203,28 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
             bucket.reset()
             for i, p in enumerate(bucket.params):
                 p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                    self._hook(bucket, i)
+                    self._hook(bucket.index, i)
                 )
 
-    def _hook(self, bucket: Bucket, i: int) -> Any:
+    def _hook(self, j: int, i: int) -> Any:
+        # The hook lives on the parameter, inside torch's C++ where the garbage collector cannot
+        # follow: a strong reference back to this wrapper or its buckets (which hold the
+        # parameter) would keep them, and the buckets' shared memory, for as long as the process runs.
+        owner = weakref.ref(self)
+
         def on_grad_ready(param: torch.Tensor) -> None:
-            if not self._expect_sync:
+            self = owner()
+            if self is None or not self._expect_sync:
                 return
             if not self._in_backward:
                 self._in_backward = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            bucket = self.buckets[j]
             assert param.grad is not None and i not in bucket.ready
             self._fill(bucket, i, param)
             self._mark_ready(bucket, i)
+            if self._yield:
+                os.sched_yield()
 
         return on_grad_ready
 
@@ -210,8 +245,11 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         if bucket.pending == 0 and self.overlap:
             self._launch_in_order()
 
-    def _launch_in_order(self) -> None:
-        """Launch every ready bucket from the next unlaunched one on: the same order on every rank."""
+    def _launch_in_order(self, defer: bool = False) -> None:
+        """Launch every ready bucket from the next unlaunched one on: the same order on every rank.
+
+        defer=True at the end of backward: the caller waits next, so the launcher may run them
+        on this thread rather than hand them to its comm thread and sleep."""
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
             payload = bucket.buffer
@@ -219,7 +257,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
                 payload = payload.to(COMPRESSION[self.compression])
             self._payloads[bucket.index] = payload
             started = time.perf_counter()
-            self._launcher.launch(bucket.index, payload, validate=not self._validated)
+            self._launcher.launch(bucket.index, payload, validate=not self._validated, defer=defer)
             self._exposed_s += time.perf_counter() - started  # launching is exposed too
             self._next_bucket += 1
 
@@ -237,7 +275,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
                     p.grad = bucket.view(i).clone()
                 bucket.view(i).zero_()
                 self._mark_ready(bucket, i)
-            self._launch_in_order()
+            self._launch_in_order(defer=True)
             started = time.perf_counter()
             spans = self._launcher.wait_all()
             self._exposed_s += time.perf_counter() - started
