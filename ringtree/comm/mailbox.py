@@ -3,7 +3,7 @@
 The pipeline's stage-to-stage transfers are small (an activation of a micro-batch) and many, so
 on gloo their cost is the message, not the bytes: a send-ready notice and a wake-up of both
 processes' transport threads, 1 to 1.5 ms each on a busy 2-core host. Between processes of one
-host a message here is a copy into the sender's shared arena and one 32-byte write into the
+host a message here is a copy into the sender's shared arena and one 96-byte write into the
 receiver's pipe, which wakes it at once.
 
 - Every process makes its pipe (a FIFO, unlinked as soon as it is open) and posts its pid, the
@@ -13,12 +13,22 @@ receiver's pipe, which wakes it at once.
   through /proc/PID/fd on its first message, and a larger one replaces it when a message
   outgrows it) and one slot per key in it. No file is ever left under /dev/shm: the pipe and
   the arenas have no name and go with the processes, even killed ones.
-- A key's slot is rewritten by the next send of that key, so its receiver must have received
-  the previous one by then: the pipeline's schedules guarantee it
-  (a stage sends micro-batch i's activation of a step only after its whole previous step, whose
-  gradients came back after the next stage had received every activation of that step; and
-  symmetrically for gradients).
-- `recv` returns a copy, so the slot is free as soon as it returns.
+- A key's slot is rewritten by the next send of that key, so its receiver must be done with
+  the previous one by then: the pipeline's schedules guarantee it (a stage sends micro-batch
+  i's activation of a step only after its whole previous step, whose gradients came back after
+  the next stage had run the backward of every micro-batch of that step, the last use of its
+  activations; and symmetrically for gradients, used in the backward that precedes the
+  gradient's own send back).
+- A message carries up to META bytes of the sender's own (the pipeline's shape header) in the
+  pipe's notice itself, so reading them costs no tensor operation.
+- `recv` returns a copy, so the slot is free as soon as it returns; `receive` and `view` give
+  a view of the slot (no copy), for a caller that is done with it before the sender's next send
+  of the key.
+- A receiver waiting for a message polls its pipe (yielding the core to any other runnable
+  process between polls) for up to RINGTREE_MAILBOX_SPIN_US microseconds (default SPIN_US)
+  before it sleeps in select(), when the host has a core for every process of it (`spin_s()`):
+  a sleeping process must be woken by the sender's write, which on this virtual machine costs
+  50-100 us more per message than a poll.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -40,7 +51,44 @@ from ringtree.comm.errors import CollectiveError
 from ringtree.comm.flight_recorder import default_store
 from ringtree.comm.shm import LIVENESS_S, SHM_DIR, TRANSPORT_ENV, alive, host_key
 
-MESSAGE = struct.Struct("<iiiiqq")  # sender, key, the arena's descriptor in the sender, (pad), offset, bytes
+META = 64  # bytes of the sender's own that ride in a message's notice
+# sender, key, the arena's descriptor in the sender, (pad), offset, bytes, the sender's META bytes
+MESSAGE = struct.Struct(f"<iiiiqq{META}s")
+SPIN_ENV = "RINGTREE_MAILBOX_SPIN_US"  # how long a waiting receiver polls (microseconds; 0: never)
+SPIN_US = 3000  # the default: a stage's wait for its neighbour's next action (1-3 ms here)
+
+
+def spin_s() -> float:
+    """How long a waiting receiver polls its pipe before it sleeps: SPIN_ENV's value (default
+    SPIN_US), but only with a core for every local process (LOCAL_WORLD_SIZE, as torchrun and
+    ringtree.launch set it), so that polling takes no other process's core; 0 otherwise."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if not 0 < local <= len(os.sched_getaffinity(0)):
+        return 0.0
+    try:
+        return max(0.0, float(os.environ.get(SPIN_ENV, SPIN_US))) * 1e-6
+    except ValueError:
+        raise ValueError(
+            f"{SPIN_ENV}={os.environ[SPIN_ENV]!r} is not a number of microseconds; set it to e.g. "
+            f"{SPIN_US}, or 0 to never poll"
+        ) from None
+
+
+class Slot(NamedTuple):
+    """Where a message's payload lies: the sender's rank, its arena's descriptor there, the range."""
+
+    rank: int
+    arena: int
+    offset: int
+    nbytes: int
+
+
+class Message(NamedTuple):
+    """A message received: its key, the sender's META bytes (padded with zeros), its payload's slot."""
+
+    key: int
+    meta: bytes
+    slot: Slot
 
 
 @dataclass
@@ -52,8 +100,10 @@ class _Peer:
     arena: torch.Tensor | None = None  # ours, for sending to it
     arena_fd: int = -1
     slots: dict[int, tuple[int, int]] = field(default_factory=dict)  # key -> (offset, capacity)
+    views: dict[int, tuple[object, torch.Tensor]] = field(default_factory=dict)  # key -> (its layout, view)
     used: int = 0
     theirs: dict[int, torch.Tensor] = field(default_factory=dict)  # its arenas, by its descriptor
+    seen: dict[tuple[object, ...], torch.Tensor] = field(default_factory=dict)  # views of its slots
 
 
 class Mailbox:
@@ -74,7 +124,8 @@ class Mailbox:
         record = {"pipe": self.inbox, "pid": os.getpid(), "host": host_key()}
         self.store.set(f"{self.prefix}/{rank}", json.dumps(record))
         self.peers: dict[int, _Peer] = {}
-        self.pending: dict[tuple[int, int], tuple[int, int, int]] = {}  # (peer, key) -> (fd, off, n)
+        self.pending: dict[tuple[int, int], tuple[int, int, int, bytes]] = {}  # (peer, key) -> (fd, off, n, meta)
+        self.spin_s = spin_s()
 
     def peer(self, rank: int) -> _Peer:
         """Another process's record (waits for it to post one, up to the timeout)."""
@@ -94,8 +145,11 @@ class Mailbox:
     def same_host(self, rank: int) -> bool:
         return host_key() is not None and self.peer(rank).host == host_key()
 
-    def send(self, rank: int, key: int, payload: torch.Tensor) -> None:
-        """Copy `payload` (bytes) into key's slot of our arena for `rank`, then ring it."""
+    def send(self, rank: int, key: int, payload: torch.Tensor, meta: bytes = b"") -> None:
+        """Copy `payload` (a tensor of any strides; its elements in order) into key's slot of our
+        arena for `rank`, then ring it with `meta` (at most META bytes) in the notice."""
+        if len(meta) > META:
+            raise ValueError(f"a message's meta is at most {META} bytes, got {len(meta)}")
         p = self.peer(rank)
         if p.outbox < 0:
             try:
@@ -105,14 +159,20 @@ class Mailbox:
                     f"rank {self.rank} cannot open rank {rank}'s shared-memory mailbox ({e}); "
                     f"set {TRANSPORT_ENV}=p2p"
                 ) from e
-        n = payload.numel()
+        n = payload.nbytes
         offset, capacity = p.slots.get(key, (0, -1))
         if capacity < n:
             offset = self._allocate(p, rank, n)
             p.slots[key] = (offset, n)
-        assert p.arena is not None
-        p.arena[offset : offset + n].copy_(payload)
-        os.write(p.outbox, MESSAGE.pack(self.rank, key, p.arena_fd, 0, offset, n))
+        layout = (p.arena_fd, offset, payload.dtype, payload.shape)
+        cached = p.views.get(key)
+        if cached is None or cached[0] != layout:  # the slot as payload's dtype and shape, kept
+            assert p.arena is not None
+            cached = layout, p.arena[offset : offset + n].view(payload.dtype).view(payload.shape)
+            p.views[key] = cached
+        with torch.no_grad():  # the arena never joins payload's autograd graph
+            cached[1].copy_(payload)
+        os.write(p.outbox, MESSAGE.pack(self.rank, key, p.arena_fd, 0, offset, n, meta))
 
     def _allocate(self, p: _Peer, rank: int, n: int) -> int:
         """A slot of n bytes at the arena's end (64-byte aligned); a new, larger arena if full."""
@@ -125,19 +185,28 @@ class Mailbox:
             p.arena = torch.from_file(
                 f"/proc/self/fd/{p.arena_fd}", shared=True, size=size, dtype=torch.uint8
             )
-            p.slots, p.used = {}, 0
+            p.slots, p.views, p.used = {}, {}, 0
         offset, p.used = p.used, p.used + n
         return offset
 
     def recv(self, rank: int, keys: tuple[int, ...], what: str) -> tuple[int, torch.Tensor]:
         """The first of `keys` to arrive from `rank`, as (key, a copy of its bytes)."""
+        key, _, slot = self.receive(rank, keys, what)
+        return key, self.view(slot, torch.uint8, (slot.nbytes,)).clone()
+
+    def receive(self, rank: int, keys: tuple[int, ...], what: str) -> Message:
+        """The first of `keys` to arrive from `rank` (its payload is read with `view`)."""
         deadline = time.monotonic() + self.timeout_s
+        spin_until = time.perf_counter() + self.spin_s
         while True:
             for key in keys:
                 if (rank, key) in self.pending:
-                    fd, offset, n = self.pending.pop((rank, key))
-                    arena = self._their_arena(rank, fd)
-                    return key, arena[offset : offset + n].clone()
+                    fd, offset, n, meta = self.pending.pop((rank, key))
+                    return Message(key, meta, Slot(rank, fd, offset, n))
+            if time.perf_counter() < spin_until:
+                if not self._read():  # polled, not waited on: the pipe never blocks
+                    os.sched_yield()  # a process that has work on this core goes first
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectiveError(
@@ -149,10 +218,31 @@ class Mailbox:
             elif not alive(self.peer(rank).pid):
                 raise CollectiveError(f"rank {rank} exited while rank {self.rank} waited for {what} from it")
 
-    def _read(self) -> None:
-        data = os.read(self.inbox, MESSAGE.size * 256)
-        for sender, key, fd, _, offset, n in MESSAGE.iter_unpack(data):
-            self.pending[(sender, key)] = (fd, offset, n)
+    def _read(self) -> bool:
+        """Every notice in the pipe; False if there was none (the pipe does not block)."""
+        try:
+            data = os.read(self.inbox, MESSAGE.size * 256)
+        except BlockingIOError:
+            return False
+        for sender, key, fd, _, offset, n, meta in MESSAGE.iter_unpack(data):
+            self.pending[(sender, key)] = (fd, offset, n, meta)
+        return True
+
+    def view(self, slot: Slot, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """A message's payload as a tensor of `dtype` and `shape`, no copy: valid until its sender's
+        next send of the same key. A new tensor object each time (its own requires_grad and grad)."""
+        p = self.peer(slot.rank)
+        at = (*slot[1:], dtype, shape)
+        if at not in p.seen:
+            size = torch.Size(shape).numel() * dtype.itemsize
+            if size != slot.nbytes:
+                raise CollectiveError(
+                    f"rank {self.rank} got {slot.nbytes} bytes from rank {slot.rank} but was told they "
+                    f"hold a {dtype} tensor of shape {list(shape)} ({size} bytes)"
+                )
+            arena = self._their_arena(slot.rank, slot.arena)
+            p.seen[at] = arena[slot.offset : slot.offset + size].view(dtype).view(shape)
+        return p.seen[at].detach()
 
     def _their_arena(self, rank: int, fd: int) -> torch.Tensor:
         p = self.peer(rank)

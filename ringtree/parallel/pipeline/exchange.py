@@ -27,6 +27,7 @@ could block them: with NCCL every receive is posted when it is needed, header fi
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -40,6 +41,7 @@ from ringtree.comm.mailbox import Mailbox, mailbox
 
 HEADER = 8  # int64 slots: ndim (or ABORT), up to 6 sizes, dtype code
 HEADER_BYTES = 8 * HEADER  # in front of the data in a packed message (keeps the data 64-byte aligned)
+HEADER_STRUCT = struct.Struct(f"<{HEADER}q")  # the header as a mailbox message's meta bytes
 ABORT = -1
 ABORT_KEY = -1  # the mailbox key of an abort message (data keys are micro-batch indices)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -207,16 +209,16 @@ class Exchange:
 
     def send(self, what: str, i: int, t: torch.Tensor) -> None:
         """Send micro-batch i's activation or gradient without waiting for it to leave."""
-        t = t.detach().contiguous()
         shape: Shape = (tuple(t.shape), t.dtype)
         values = _header_values(shape)
         if self.unsent[what] and self.unsent[what][0] == i:
             self.unsent[what].popleft()
         if self.mailbox is not None and self._boxed(what, sending=True):
             peer = self.ranks[self.peer(what, sending=True)]
-            self.mailbox.send(peer, i, _packed(values, shape, t, self.device))
+            self.mailbox.send(peer, i, t, HEADER_STRUCT.pack(*values))  # copied as it lies: any strides
             self.sent[(what, i)] = shape
             return
+        t = t.detach().contiguous()
         posted = self._posted_shape(what, i) if self.early else None
         parts: list[tuple[torch.Tensor, int]]
         if not self.early:
@@ -236,11 +238,13 @@ class Exchange:
         """Micro-batch i's activation (from j-1) or gradient (from j+1); raises Aborted on an abort."""
         if self.mailbox is not None and self._boxed(what, sending=False):
             peer = self.ranks[self.peer(what, sending=False)]
-            _, buf = self.mailbox.recv(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
-            values = [int(v) for v in buf[:HEADER_BYTES].view(torch.int64).tolist()]
+            # a view of the sender's slot, no copy: the sender writes key i again only in its next
+            # run, which starts after this stage has sent back (or used) everything of this run
+            _, meta, slot = self.mailbox.receive(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
+            values = list(HEADER_STRUCT.unpack(meta))
             self._check_abort(values, what)
             shape = _shape_of(values)
-            return self._received(what, i, shape, _data(buf, shape))
+            return self._received(what, i, shape, self.mailbox.view(slot, shape[1], shape[0]))
         posted = self.posted[what]
         early = posted.early.pop(i, None)
         if early is not None:
@@ -320,9 +324,9 @@ class Exchange:
             if not 0 <= peer < len(self.ranks) or peer == came_from:
                 continue
             if self.mailbox is not None and self.ranks[peer] in self.boxed:
-                message = _packed(values, ((0,), torch.uint8), None, self.device)
+                empty = torch.empty(0, dtype=torch.uint8)
                 with contextlib.suppress(OSError):  # a neighbour gone is left to its own checks
-                    self.mailbox.send(self.ranks[peer], ABORT_KEY, message)
+                    self.mailbox.send(self.ranks[peer], ABORT_KEY, empty, HEADER_STRUCT.pack(*values))
             elif not self.early:
                 works.append(self._isend(_header(values, self.device), what, 0))
             elif self.unsent[what]:
