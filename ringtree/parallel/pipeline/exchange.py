@@ -133,6 +133,9 @@ class Exchange:
         self.context = ""  # the schedule's name, for error messages
         self.mailbox: Mailbox | None = None  # set by the first start() when a neighbour shares this host
         self.boxed: set[int] = set()  # the neighbours (global ranks) reached through the mailbox
+        # direction -> the neighbour (global rank) it is received from / sent to by mailbox, or None
+        self.box_from: dict[str, int | None] = dict.fromkeys(DIRECTIONS)
+        self.box_to: dict[str, int | None] = dict.fromkeys(DIRECTIONS)
         self.checked_host = False
 
     def peer(self, what: str, sending: bool) -> int:
@@ -154,7 +157,7 @@ class Exchange:
         if not self.early:
             return
         for what, i in receives:
-            if self._boxed(what, sending=False):
+            if self.box_from[what] is not None:
                 continue
             # an activation: the shape it had last run; a gradient: the shape its activation had then
             known = self.received_before if what == "activation" else self.sent_before
@@ -176,14 +179,20 @@ class Exchange:
         box = mailbox(self.timeout_s)
         self.boxed = {r for r in self._neighbours() if box.same_host(r)}
         self.mailbox = box if self.boxed else None
+        for what in DIRECTIONS:  # looked up once: every transfer asks
+            self.box_from[what] = self._boxed_peer(what, sending=False)
+            self.box_to[what] = self._boxed_peer(what, sending=True)
 
-    def _boxed(self, what: str, sending: bool) -> bool:
-        return self.ranks[self.peer(what, sending)] in self.boxed
+    def _boxed_peer(self, what: str, sending: bool) -> int | None:
+        """The neighbour (global rank) this stage sends or receives `what` to or from through the
+        mailbox; None if there is none or it is not reached through the mailbox."""
+        j = self.peer(what, sending)
+        return self.ranks[j] if 0 <= j < len(self.ranks) and self.ranks[j] in self.boxed else None
 
     def expect(self, what: str, i: int, shape: Shape) -> None:
         """Micro-batch i's `what` will have this shape: post its receive unless start() did."""
         self.received[(what, i)] = shape
-        if self._boxed(what, sending=False):
+        if self.box_from[what] is not None:
             return
         if self.early and i not in self.posted[what].early:
             self._post(what, i, shape)
@@ -213,9 +222,9 @@ class Exchange:
         values = _header_values(shape)
         if self.unsent[what] and self.unsent[what][0] == i:
             self.unsent[what].popleft()
-        if self.mailbox is not None and self._boxed(what, sending=True):
-            peer = self.ranks[self.peer(what, sending=True)]
-            self.mailbox.send(peer, i, t, HEADER_STRUCT.pack(*values))  # copied as it lies: any strides
+        peer = self.box_to[what]
+        if self.mailbox is not None and peer is not None:
+            self.mailbox.send(peer, i, t, HEADER_STRUCT.pack(*values))
             self.sent[(what, i)] = shape
             return
         t = t.detach().contiguous()
@@ -236,8 +245,8 @@ class Exchange:
 
     def recv(self, what: str, i: int) -> torch.Tensor:
         """Micro-batch i's activation (from j-1) or gradient (from j+1); raises Aborted on an abort."""
-        if self.mailbox is not None and self._boxed(what, sending=False):
-            peer = self.ranks[self.peer(what, sending=False)]
+        peer = self.box_from[what]
+        if self.mailbox is not None and peer is not None:
             # a view of the sender's slot, no copy: the sender writes key i again only in its next
             # run, which starts after this stage has sent back (or used) everything of this run
             _, meta, slot = self.mailbox.receive(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
