@@ -63,16 +63,18 @@ def spin_s() -> float:
     """How long a waiting receiver polls its pipe before it sleeps: SPIN_ENV's value (default
     SPIN_US), but only with a core for every local process (LOCAL_WORLD_SIZE, as torchrun and
     ringtree.launch set it), so that polling takes no other process's core; 0 otherwise."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-    if not 0 < local <= len(os.sched_getaffinity(0)):
-        return 0.0
+    setting = os.environ.get(SPIN_ENV, str(SPIN_US))
     try:
-        return max(0.0, float(os.environ.get(SPIN_ENV, SPIN_US))) * 1e-6
+        us = float(setting)
     except ValueError:
+        us = -1.0
+    if not 0 <= us < float("inf"):
         raise ValueError(
-            f"{SPIN_ENV}={os.environ[SPIN_ENV]!r} is not a number of microseconds; set it to e.g. "
-            f"{SPIN_US}, or 0 to never poll"
-        ) from None
+            f"{SPIN_ENV}={setting!r} is not a number of microseconds; set it to e.g. {SPIN_US}, "
+            "or 0 to never poll"
+        )
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    return us * 1e-6 if 0 < local <= len(os.sched_getaffinity(0)) else 0.0
 
 
 class Slot(NamedTuple):
