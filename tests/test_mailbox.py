@@ -119,7 +119,7 @@ def in_place(rank: int) -> dict[str, object]:
 
 
 def test_meta_rides_in_the_notice_and_payloads_are_read_in_place() -> None:
-    sender, receiver = spawn(in_place, 2, timeout_s=90)
+    receiver = spawn(in_place, 2, timeout_s=90)[1]
     w = torch.arange(12, dtype=torch.float32).view(3, 4)
     assert receiver["key"] == 4
     assert receiver["meta"] == (b"shape 4x3" + bytes(META - 9), b"again")
