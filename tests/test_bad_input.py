@@ -65,7 +65,7 @@ def test_a_bad_transport_setting_exits_2(tmp_path: Path) -> None:
 
 
 def test_a_bad_mailbox_poll_setting_exits_2(tmp_path: Path) -> None:
-    fragment = "RINGTREE_MAILBOX_SPIN_US='soon' is not a number of microseconds; set it to e.g. 3000"
+    fragment = "RINGTREE_MAILBOX_SPIN_US='soon' is not a number of microseconds; set it to e.g. 500"
     _exits_2(tmp_path, ["bench"], fragment, {"RINGTREE_MAILBOX_SPIN_US": "soon"})
 
 
