@@ -106,7 +106,6 @@ class _Peer:
     base: int = 0  # our arena's address in this process
     used: int = 0
     theirs: dict[int, torch.Tensor] = field(default_factory=dict)  # its arenas, by its descriptor
-    seen: dict[tuple[object, ...], torch.Tensor] = field(default_factory=dict)  # views of its slots
 
 
 class Mailbox:
@@ -130,6 +129,7 @@ class Mailbox:
         # (peer, key) -> (its arena's descriptor, offset, bytes, meta)
         self.pending: dict[tuple[int, int], tuple[int, int, int, bytes]] = {}
         self.spin_s = spin_s()
+        self.seen: dict[tuple[Slot, torch.dtype, tuple[int, ...]], torch.Tensor] = {}  # views of slots
 
     def peer(self, rank: int) -> _Peer:
         """Another process's record (waits for it to post one, up to the timeout)."""
@@ -152,7 +152,7 @@ class Mailbox:
     def send(self, rank: int, key: int, payload: torch.Tensor, meta: bytes = b"") -> None:
         """Copy `payload` (a tensor of any strides; its elements in order) into key's slot of our
         arena for `rank`, then ring it with `meta` (at most META bytes) in the notice."""
-        if len(meta) > META or payload.device.type != "cpu":
+        if len(meta) > META or not payload.is_cpu:
             raise ValueError(
                 f"the mailbox sends CPU tensors with at most {META} bytes of meta, got a tensor on "
                 f"{payload.device} and {len(meta)} bytes"
@@ -203,8 +203,9 @@ class Mailbox:
         spin_until = time.perf_counter() + self.spin_s
         while True:
             for key in keys:
-                if (rank, key) in self.pending:
-                    fd, offset, n, meta = self.pending.pop((rank, key))
+                got = self.pending.pop((rank, key), None)
+                if got is not None:
+                    fd, offset, n, meta = got
                     return Message(key, meta, Slot(rank, fd, offset, n))
             if time.perf_counter() < spin_until:
                 if not self._read():  # polled, not waited on: the pipe never blocks
@@ -234,9 +235,8 @@ class Mailbox:
     def view(self, slot: Slot, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A message's payload as a tensor of `dtype` and `shape`, no copy: valid until its sender's
         next send of the same key. A new tensor object each time (its own requires_grad and grad)."""
-        p = self.peer(slot.rank)
-        at = (*slot[1:], dtype, shape)
-        if at not in p.seen:
+        view = self.seen.get((slot, dtype, shape))
+        if view is None:
             size = torch.Size(shape).numel() * dtype.itemsize
             if size != slot.nbytes:
                 raise CollectiveError(
@@ -244,8 +244,9 @@ class Mailbox:
                     f"hold a {dtype} tensor of shape {list(shape)} ({size} bytes)"
                 )
             arena = self._their_arena(slot.rank, slot.arena)
-            p.seen[at] = arena[slot.offset : slot.offset + size].view(dtype).view(shape)
-        return p.seen[at].detach()
+            view = arena[slot.offset : slot.offset + size].view(dtype).view(shape)
+            self.seen[(slot, dtype, shape)] = view
+        return view.detach()
 
     def _their_arena(self, rank: int, fd: int) -> torch.Tensor:
         p = self.peer(rank)

@@ -136,6 +136,8 @@ class Exchange:
         # direction -> the neighbour (global rank) it is received from / sent to by mailbox, or None
         self.box_from: dict[str, int | None] = dict.fromkeys(DIRECTIONS)
         self.box_to: dict[str, int | None] = dict.fromkeys(DIRECTIONS)
+        self.metas: dict[Shape, bytes] = {}  # a shape's header, packed as a mailbox message's meta
+        self.shapes: dict[bytes, Shape] = {}  # and back
         self.checked_host = False
 
     def peer(self, what: str, sending: bool) -> int:
@@ -219,14 +221,18 @@ class Exchange:
     def send(self, what: str, i: int, t: torch.Tensor) -> None:
         """Send micro-batch i's activation or gradient without waiting for it to leave."""
         shape: Shape = (tuple(t.shape), t.dtype)
-        values = _header_values(shape)
-        if self.unsent[what] and self.unsent[what][0] == i:
-            self.unsent[what].popleft()
+        unsent = self.unsent[what]
+        if unsent and unsent[0] == i:
+            unsent.popleft()
         peer = self.box_to[what]
         if self.mailbox is not None and peer is not None:
-            self.mailbox.send(peer, i, t, HEADER_STRUCT.pack(*values))
+            meta = self.metas.get(shape)
+            if meta is None:  # packed once per shape: between two actions every statement counts
+                meta = self.metas[shape] = HEADER_STRUCT.pack(*_header_values(shape))
+            self.mailbox.send(peer, i, t, meta)
             self.sent[(what, i)] = shape
             return
+        values = _header_values(shape)
         t = t.detach().contiguous()
         posted = self._posted_shape(what, i) if self.early else None
         parts: list[tuple[torch.Tensor, int]]
@@ -250,9 +256,11 @@ class Exchange:
             # a view of the sender's slot, no copy: the sender writes key i again only in its next
             # run, which starts after this stage has sent back (or used) everything of this run
             _, meta, slot = self.mailbox.receive(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
-            values = list(HEADER_STRUCT.unpack(meta))
-            self._check_abort(values, what)
-            shape = _shape_of(values)
+            shape = self.shapes.get(meta)
+            if shape is None:  # a header not seen before (an abort is never remembered)
+                values = list(HEADER_STRUCT.unpack(meta))
+                self._check_abort(values, what)
+                shape = self.shapes[meta] = _shape_of(values)
             return self._received(what, i, shape, self.mailbox.view(slot, shape[1], shape[0]))
         posted = self.posted[what]
         early = posted.early.pop(i, None)
