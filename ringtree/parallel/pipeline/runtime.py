@@ -120,6 +120,7 @@ class _Execution:
         # operation counts, and an optimizer step updates the weights in place)
         self.params = {p.untyped_storage().data_ptr() for p in stage.module.parameters()}
         self.act_of = {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}
+        self.times: list[tuple[str, int, float, float]] = []  # the spans, as tuples until the run ends
 
     def run(self) -> StageRun:
         self.begin()
@@ -144,6 +145,7 @@ class _Execution:
     def end(self) -> StageRun:
         """Wait for the run's sends; the losses read once."""
         self.ex.finish()
+        self.out.spans = [ActionSpan(*t) for t in self.times]
         if self.losses:
             self.out.losses = [float(v) for v in torch.stack(self.losses).tolist()]
         if self.stash is not None:
@@ -206,4 +208,4 @@ class _Execution:
         self.span("step", a.micro_batch, start)
 
     def span(self, kind: str, i: int, start: float) -> None:
-        self.out.spans.append(ActionSpan(kind, i, start, time.perf_counter()))
+        self.times.append((kind, i, start, time.perf_counter()))  # made ActionSpans by end()
