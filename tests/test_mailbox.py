@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ringtree.comm import CollectiveError
 from ringtree.comm.mailbox import META, SPIN_ENV, SPIN_US, mailbox, spin_s
+from ringtree.comm.shm import LIVENESS_S
 from ringtree.launch import spawn
 
 
@@ -136,6 +137,8 @@ def test_the_poll_before_sleeping_needs_a_core_per_local_process(monkeypatch: py
     assert spin_s() == SPIN_US * 1e-6
     monkeypatch.setenv(SPIN_ENV, "250")
     assert spin_s() == pytest.approx(250e-6)
+    monkeypatch.setenv(SPIN_ENV, "1e9")  # never longer than the liveness check's interval
+    assert spin_s() == LIVENESS_S
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores + 1))  # more processes than cores: never poll
     assert spin_s() == 0.0
     monkeypatch.delenv("LOCAL_WORLD_SIZE")  # not launched by torchrun or ringtree: never poll

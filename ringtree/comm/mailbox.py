@@ -61,8 +61,9 @@ SPIN_US = 500  # the default: the waits of a steady 1F1B stage here (50-300 us) 
 
 def spin_s() -> float:
     """How long a waiting receiver polls its pipe before it sleeps: SPIN_ENV's value (default
-    SPIN_US), but only with a core for every local process (LOCAL_WORLD_SIZE, as torchrun and
-    ringtree.launch set it), so that polling takes no other process's core; 0 otherwise."""
+    SPIN_US, at most LIVENESS_S so that a dead sender is still noticed in time), but only with a
+    core for every local process (LOCAL_WORLD_SIZE, as torchrun and ringtree.launch set it), so
+    that polling takes no other process's core; 0 otherwise."""
     setting = os.environ.get(SPIN_ENV, str(SPIN_US))
     try:
         us = float(setting)
@@ -74,7 +75,7 @@ def spin_s() -> float:
             "or 0 to never poll"
         )
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
-    return us * 1e-6 if 0 < local <= len(os.sched_getaffinity(0)) else 0.0
+    return min(us * 1e-6, LIVENESS_S) if 0 < local <= len(os.sched_getaffinity(0)) else 0.0
 
 
 class Slot(NamedTuple):
