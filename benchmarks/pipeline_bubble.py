@@ -6,8 +6,8 @@
     .venv/bin/python benchmarks/pipeline_bubble.py --gpt --virtual-stages 2 --json gpt.json  # interleaved
 
 The gpt rows run `--model gpt` (embedding, 4 blocks, head) on the sort task, 2 stages and 8
-micro-batches of 32 sequences, under 1f1b (the model cut in 2) and interleaved 1F1B (cut in
-2 x V chunks, rank j holding chunks j and 2 + j), each the median of --repeats runs.
+micro-batches of 32 sequences, under gpipe and 1f1b (the model cut in 2) and interleaved 1F1B
+(cut in 2 x V chunks, rank j holding chunks j and 2 + j), each the median of --repeats runs.
 
 The target rows run the real `vit` cut into 2 stages with 8 micro-batches of 32 (what
 `ringtree train --model vit --pp 2 --micro-batches 8` runs) under gpipe and 1f1b, and report the
@@ -215,7 +215,7 @@ def target_worker(rank: int, m: int, repeats: int, pin: bool = False) -> dict[st
 
 
 def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> dict[str, Any]:
-    """The gpt on the sort task in p stages, m micro-batches of 32: 1f1b against interleaved with v chunks."""
+    """The gpt on the sort task in p stages, m micro-batches of 32: gpipe, 1f1b, interleaved with v chunks."""
     if pin:
         _pin(rank)
     p = dist.get_world_size()
@@ -228,6 +228,7 @@ def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> di
     mine = [chunks[c * p + rank] for c in range(v)]
     chunked = InterleavedStage(mine, rank, list(range(p)), loss_fn=cross_entropy)
     cases: list[tuple[PipelineStage | InterleavedStage, PipelineSchedule]] = [
+        (one, build("gpipe", p, m)),
         (one, build("1f1b", p, m)),
         (chunked, build("interleaved", p, m, v)),
     ]
@@ -313,7 +314,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs"))
     parser.add_argument("--target-only", action="store_true", help="only the vit rows (p=2, m=8)")
     parser.add_argument(
-        "--gpt", action="store_true", help="only the gpt rows: 1f1b vs interleaved (p=2, m=8)"
+        "--gpt", action="store_true", help="only the gpt rows: gpipe, 1f1b, interleaved (p=2, m=8)"
     )
     parser.add_argument(
         "--virtual-stages", type=int, default=2, help="chunks a stage of the gpt's interleaved row"

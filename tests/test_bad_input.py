@@ -64,6 +64,11 @@ def test_a_bad_transport_setting_exits_2(tmp_path: Path) -> None:
     _exits_2(tmp_path, ["bench"], fragment, {"RINGTREE_TRANSPORT": "tcp"})
 
 
+def test_a_bad_mailbox_poll_setting_exits_2(tmp_path: Path) -> None:
+    fragment = "RINGTREE_MAILBOX_SPIN_US='soon' is not a number of microseconds; set it to e.g. 500"
+    _exits_2(tmp_path, ["bench"], fragment, {"RINGTREE_MAILBOX_SPIN_US": "soon"})
+
+
 def _exits_2(tmp_path: Path, args: list[str], fragment: str, env: dict[str, str] | None = None) -> None:
     (tmp_path / "file").write_text("x")
     (tmp_path / "bin").write_bytes(b"\xa8\x00\xff\x01")  # not UTF-8: what a .pt or .png starts like

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ringtree.comm import shm
+from ringtree.comm import mailbox, shm
 
 app = typer.Typer(
     name="ringtree",
@@ -20,5 +20,6 @@ def _root() -> None:
     """ringtree: understand, predict and fix the scaling of distributed training."""
     try:
         shm.transport()
+        mailbox.spin_s()
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

@@ -27,6 +27,7 @@ could block them: with NCCL every receive is posted when it is needed, header fi
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -40,6 +41,7 @@ from ringtree.comm.mailbox import Mailbox, mailbox
 
 HEADER = 8  # int64 slots: ndim (or ABORT), up to 6 sizes, dtype code
 HEADER_BYTES = 8 * HEADER  # in front of the data in a packed message (keeps the data 64-byte aligned)
+HEADER_STRUCT = struct.Struct(f"<{HEADER}q")  # the header as a mailbox message's meta bytes
 ABORT = -1
 ABORT_KEY = -1  # the mailbox key of an abort message (data keys are micro-batch indices)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -131,6 +133,11 @@ class Exchange:
         self.context = ""  # the schedule's name, for error messages
         self.mailbox: Mailbox | None = None  # set by the first start() when a neighbour shares this host
         self.boxed: set[int] = set()  # the neighbours (global ranks) reached through the mailbox
+        # direction -> the neighbour (global rank) it is received from / sent to by mailbox, or None
+        self.box_from: dict[str, int | None] = dict.fromkeys(DIRECTIONS)
+        self.box_to: dict[str, int | None] = dict.fromkeys(DIRECTIONS)
+        self.metas: dict[Shape, bytes] = {}  # a shape's header, packed as a mailbox message's meta
+        self.shapes: dict[bytes, Shape] = {}  # and back
         self.checked_host = False
 
     def peer(self, what: str, sending: bool) -> int:
@@ -152,7 +159,7 @@ class Exchange:
         if not self.early:
             return
         for what, i in receives:
-            if self._boxed(what, sending=False):
+            if self.box_from[what] is not None:
                 continue
             # an activation: the shape it had last run; a gradient: the shape its activation had then
             known = self.received_before if what == "activation" else self.sent_before
@@ -174,14 +181,20 @@ class Exchange:
         box = mailbox(self.timeout_s)
         self.boxed = {r for r in self._neighbours() if box.same_host(r)}
         self.mailbox = box if self.boxed else None
+        for what in DIRECTIONS:  # looked up once: every transfer asks
+            self.box_from[what] = self._boxed_peer(what, sending=False)
+            self.box_to[what] = self._boxed_peer(what, sending=True)
 
-    def _boxed(self, what: str, sending: bool) -> bool:
-        return self.ranks[self.peer(what, sending)] in self.boxed
+    def _boxed_peer(self, what: str, sending: bool) -> int | None:
+        """The neighbour (global rank) this stage sends or receives `what` to or from through the
+        mailbox; None if there is none or it is not reached through the mailbox."""
+        j = self.peer(what, sending)
+        return self.ranks[j] if 0 <= j < len(self.ranks) and self.ranks[j] in self.boxed else None
 
     def expect(self, what: str, i: int, shape: Shape) -> None:
         """Micro-batch i's `what` will have this shape: post its receive unless start() did."""
         self.received[(what, i)] = shape
-        if self._boxed(what, sending=False):
+        if self.box_from[what] is not None:
             return
         if self.early and i not in self.posted[what].early:
             self._post(what, i, shape)
@@ -207,16 +220,20 @@ class Exchange:
 
     def send(self, what: str, i: int, t: torch.Tensor) -> None:
         """Send micro-batch i's activation or gradient without waiting for it to leave."""
-        t = t.detach().contiguous()
         shape: Shape = (tuple(t.shape), t.dtype)
-        values = _header_values(shape)
-        if self.unsent[what] and self.unsent[what][0] == i:
-            self.unsent[what].popleft()
-        if self.mailbox is not None and self._boxed(what, sending=True):
-            peer = self.ranks[self.peer(what, sending=True)]
-            self.mailbox.send(peer, i, _packed(values, shape, t, self.device))
+        unsent = self.unsent[what]
+        if unsent and unsent[0] == i:
+            unsent.popleft()
+        peer = self.box_to[what]
+        if self.mailbox is not None and peer is not None:
+            meta = self.metas.get(shape)
+            if meta is None:  # packed once per shape: between two actions every statement counts
+                meta = self.metas[shape] = HEADER_STRUCT.pack(*_header_values(shape))
+            self.mailbox.send(peer, i, t, meta)
             self.sent[(what, i)] = shape
             return
+        values = _header_values(shape)
+        t = t.detach().contiguous()
         posted = self._posted_shape(what, i) if self.early else None
         parts: list[tuple[torch.Tensor, int]]
         if not self.early:
@@ -234,13 +251,17 @@ class Exchange:
 
     def recv(self, what: str, i: int) -> torch.Tensor:
         """Micro-batch i's activation (from j-1) or gradient (from j+1); raises Aborted on an abort."""
-        if self.mailbox is not None and self._boxed(what, sending=False):
-            peer = self.ranks[self.peer(what, sending=False)]
-            _, buf = self.mailbox.recv(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
-            values = [int(v) for v in buf[:HEADER_BYTES].view(torch.int64).tolist()]
-            self._check_abort(values, what)
-            shape = _shape_of(values)
-            return self._received(what, i, shape, _data(buf, shape))
+        peer = self.box_from[what]
+        if self.mailbox is not None and peer is not None:
+            # a view of the sender's slot, no copy: the sender writes key i again only in its next
+            # run, which starts after this stage has sent back (or used) everything of this run
+            _, meta, slot = self.mailbox.receive(peer, (i, ABORT_KEY), f"the {what} of micro-batch {i}")
+            shape = self.shapes.get(meta)
+            if shape is None:  # a header not seen before (an abort is never remembered)
+                values = list(HEADER_STRUCT.unpack(meta))
+                self._check_abort(values, what)
+                shape = self.shapes[meta] = _shape_of(values)
+            return self._received(what, i, shape, self.mailbox.view(slot, shape[1], shape[0]))
         posted = self.posted[what]
         early = posted.early.pop(i, None)
         if early is not None:
@@ -320,9 +341,9 @@ class Exchange:
             if not 0 <= peer < len(self.ranks) or peer == came_from:
                 continue
             if self.mailbox is not None and self.ranks[peer] in self.boxed:
-                message = _packed(values, ((0,), torch.uint8), None, self.device)
+                empty = torch.empty(0, dtype=torch.uint8)
                 with contextlib.suppress(OSError):  # a neighbour gone is left to its own checks
-                    self.mailbox.send(self.ranks[peer], ABORT_KEY, message)
+                    self.mailbox.send(self.ranks[peer], ABORT_KEY, empty, HEADER_STRUCT.pack(*values))
             elif not self.early:
                 works.append(self._isend(_header(values, self.device), what, 0))
             elif self.unsent[what]:

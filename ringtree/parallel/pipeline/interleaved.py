@@ -124,13 +124,15 @@ class InterleavedStage:
         for r in runs:
             r.begin()
         out = StageRun()
-        for a in schedule.actions[self.stage]:
+        # each action as its chunk's run sees it, made before the first action acts
+        actions = [(a, a.chunk, replace(a, chunk=0)) for a in schedule.actions[self.stage]]
+        for a, chunk, plain in actions:
             if a.kind is Kind.STEP:
                 start = time.perf_counter()
                 step()
                 out.spans.append(ActionSpan("step", -1, start, time.perf_counter()))
             else:
-                runs[a.chunk].act(replace(a, chunk=0))
+                runs[chunk].act(plain)
         for r in runs:
             done = r.end()
             out.losses += done.losses

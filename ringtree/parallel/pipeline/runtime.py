@@ -116,6 +116,11 @@ class _Execution:
         self.saved_bytes: dict[int, int] = {}
         self.losses: list[torch.Tensor] = []  # detached, on the device: read once, at the end
         self.out = StageRun()
+        # the weights' storages, once per run (not per forward: between actions every tensor
+        # operation counts, and an optimizer step updates the weights in place)
+        self.params = {p.untyped_storage().data_ptr() for p in stage.module.parameters()}
+        self.act_of = {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}
+        self.times: list[tuple[str, int, float, float]] = []  # the spans, as tuples until the run ends
 
     def run(self) -> StageRun:
         self.begin()
@@ -135,11 +140,12 @@ class _Execution:
         )
 
     def act(self, a: Action) -> None:
-        {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}[a.kind](a)
+        self.act_of[a.kind](a)
 
     def end(self) -> StageRun:
         """Wait for the run's sends; the losses read once."""
         self.ex.finish()
+        self.out.spans = [ActionSpan(*t) for t in self.times]
         if self.losses:
             self.out.losses = [float(v) for v in torch.stack(self.losses).tolist()]
         if self.stash is not None:
@@ -150,9 +156,7 @@ class _Execution:
         i = a.micro_batch
         x = self._input(i)
         start = time.perf_counter()
-        params = {p.untyped_storage().data_ptr() for p in self.st.module.parameters()}
-        if self.stash is not None:
-            params |= self.stash.storages(a.version)
+        params = self.params if self.stash is None else self.params | self.stash.storages(a.version)
         counted: set[int] = set()
         self.saved_bytes[i] = 0
 
@@ -178,7 +182,8 @@ class _Execution:
 
     def _input(self, i: int) -> torch.Tensor:
         if self.st.is_first:
-            return self.batches[i][0].to(self.st.device, non_blocking=True)
+            x = self.batches[i][0]
+            return x if x.device == self.st.device else x.to(self.st.device, non_blocking=True)
         return self.ex.recv("activation", i).requires_grad_()
 
     def backward(self, a: Action) -> None:
@@ -203,4 +208,4 @@ class _Execution:
         self.span("step", a.micro_batch, start)
 
     def span(self, kind: str, i: int, start: float) -> None:
-        self.out.spans.append(ActionSpan(kind, i, start, time.perf_counter()))
+        self.times.append((kind, i, start, time.perf_counter()))  # made ActionSpans by end()
