@@ -154,19 +154,22 @@ def test_a_rank_that_never_comes_is_named_after_the_timeout() -> None:
     assert "Timed out waiting for rank(s) [1]" in message
 
 
-def one_rank_dies(rank: int) -> str:
-    x = torch.ones(1 << 10)
-    comm.all_reduce(x, algorithm="ring")
-    if rank == 1:
-        os._exit(0)
-    import time
-
+def timed_ring_call(x: torch.Tensor) -> str:
+    """A ring all-reduce that is expected to fail: seconds until its error, then the error."""
     start = time.monotonic()
     try:
         comm.all_reduce(x, algorithm="ring", timeout_s=30, validate=False)
     except comm.CollectiveError as e:
         return f"{time.monotonic() - start:.1f} {e}"
     return "no error"
+
+
+def one_rank_dies(rank: int) -> str:
+    x = torch.ones(1 << 10)
+    comm.all_reduce(x, algorithm="ring")
+    if rank == 1:
+        os._exit(0)
+    return timed_ring_call(x)
 
 
 def test_a_rank_that_dies_is_named_at_once() -> None:
@@ -191,12 +194,7 @@ def non_neighbour_dies(rank: int) -> str:
             real(self, timeout, peers)  # type: ignore[arg-type]
 
         shm._Doorbells.sync = dying  # type: ignore[method-assign]
-    start = time.monotonic()
-    try:
-        comm.all_reduce(x, algorithm="ring", timeout_s=30, validate=False)
-    except comm.CollectiveError as e:
-        return f"{time.monotonic() - start:.1f} {e}"
-    return "no error"
+    return timed_ring_call(x)
 
 
 def test_a_rank_that_dies_is_named_by_ranks_that_do_not_wait_for_it() -> None:
