@@ -206,18 +206,23 @@ def test_a_rank_that_dies_is_named_by_ranks_that_do_not_wait_for_it() -> None:
     assert float(seconds) < 10  # not the 30 s timeout
 
 
-def back_to_back(rank: int, late_rank: int = 1, algorithms: tuple[str, ...] = ("ring",)) -> list[str]:
-    """A late reader: rank 1 sleeps after every barrier, so the others start the next call (and
-    write their buffers) while it still reads the last step of this one."""
+def shm_with_a_late_rank(rank: int, late_rank: int, delay_s: float) -> None:
+    """The shared-memory transport, with `late_rank` sleeping `delay_s` after every barrier."""
     os.environ[shm.TRANSPORT_ENV] = "shm"
     if rank == late_rank:
         real = shm._Group.sync
 
         def late(self: shm._Group, *args: object) -> None:
             real(self, *args)  # type: ignore[arg-type]
-            time.sleep(0.003)
+            time.sleep(delay_s)
 
         shm._Group.sync = late  # type: ignore[method-assign]
+
+
+def back_to_back(rank: int, late_rank: int = 1, algorithms: tuple[str, ...] = ("ring",)) -> list[str]:
+    """A late reader: rank 1 sleeps after every barrier, so the others start the next call (and
+    write their buffers) while it still reads the last step of this one."""
+    shm_with_a_late_rank(rank, late_rank, 0.003)
     p, failures = dist.get_world_size(), []
     n = 999  # one size: a ring rank's first write (copy in) is the range its successor reads last
     for i in range(12):
@@ -245,15 +250,7 @@ def test_a_late_rank_beyond_the_neighbours_stays_exact() -> None:
 def in_place(rank: int, late_rank: int) -> list[str]:
     """Tensors in shared memory are reduced where they lie, every algorithm bitwise as torch's; a
     late rank still reading its neighbours' tensors never sees them rewritten for the next call."""
-    os.environ[shm.TRANSPORT_ENV] = "shm"
-    if rank == late_rank:
-        real = shm._Group.sync
-
-        def late(self: shm._Group, *args: object) -> None:
-            real(self, *args)  # type: ignore[arg-type]
-            time.sleep(0.002)
-
-        shm._Group.sync = late  # type: ignore[method-assign]
+    shm_with_a_late_rank(rank, late_rank, 0.002)
     p, n, failures = dist.get_world_size(), 2003, []
     for dtype in (torch.float32, torch.int32):
         buf = shm.shared_buffer(n + 5, dtype, _world(), _t())
