@@ -45,17 +45,20 @@ class Op:
     backward_kernels: int
 
 
-# RMSNorm in fp32 (bf16 x): .float() 2+4, pow 4+4, mean 4, add eps and rsqrt (per token), x * r 4+4,
-# .type_as 4+2, * weight 2+2 = 36 bytes, 8 kernels. Backward: * weight 2+2 and its weight gradient
-# (g * y 2+2+2, summed over tokens 2), .float() of the gradient 2+4, x * r: g * r 4+4 and the sum
-# over h of g * x 4+4+4 + 4, rsqrt and add (per token), mean's expand 4, pow's 2 x then * g 4+4 +
-# 4+4+4, the two gradients of x added 4+4+4, .type_as 4+2 = 84 bytes, 14 kernels
-RMSNORM = Op("rmsnorm", 36, 8, 84, 14)
+# Kernels: the aten ops autograd dispatches for each op, views left out (tests/test_plan_eager.py
+# counts them with a TorchDispatchMode). Bytes per element (bf16 2, fp32 4), read + written.
+# RMSNorm, fp32 inside (bf16 x): _to_copy 2+4, pow 4+4, mean 4, add eps and rsqrt (per token), x * r
+# 4+4, _to_copy 4+2, * weight 2+2 = 36 bytes, 8 kernels. Backward, 16 kernels: * weight 2+2; the
+# weight's gradient g * y 2+2+2 and its sum over tokens 2; _to_copy 2+4; g * r 4+4; g * x 4+4+4 and
+# its sum over h 4; rsqrt's pow, mul, mul (per token); mean's div 4 (written); pow's pow(x, 1) 4+4,
+# * 2 4+4, * g 4+4+4; the two gradients of x added 4+4+4; _to_copy 4+2 = 92 bytes
+RMSNORM = Op("rmsnorm", 36, 8, 92, 16)
 # residual add (bf16): 2+2+2; its backward is the sum of the two gradients where x branches
 RESIDUAL = Op("residual", 6, 1, 6, 1)
-# rotary, per element of q or k: .float() 2+4, complex product with the cached freqs_cis 4+4,
-# .type_as 4+2; the backward: the gradient to fp32, times conj(freqs_cis), back to bf16
-ROTARY = Op("rotary", 20, 3, 20, 3)
+# rotary, per element of q or k: _to_copy 2+4, complex product with the cached freqs_cis 4+4,
+# _to_copy 4+2; the backward: the gradient to fp32 2+4, conj(freqs_cis) materialised (a clone of the
+# s x d/2 table: a kernel, no per-token bytes), the product 4+4, back to bf16 4+2
+ROTARY = Op("rotary", 20, 3, 20, 4)
 # repeat_kv's copy of K (and V), per element read or written: reads k d, writes h (2 bytes each); the
 # backward sums the n_rep copies back (the same bytes)
 REPEAT = Op("repeat_kv", 2, 1, 2, 1)
