@@ -6,7 +6,8 @@ the figure they published and where) becomes the planner's contract command
     ringtree plan --model transformer --layers L --hidden H --heads A [--kv-heads K]
         [--ffn-hidden F] [--mlp gelu|swiglu] --seq S --vocab V --global-batch B --micro-batch b
         --tp T --pp P [--cp C] [--virtual-stages V] [--sequence-parallel] [--zero Z]
-        [--overlap] [--no-flash-attention] [--attention-kernel flash2] --nodes N --cluster NAME
+        [--overlap] [--no-flash-attention] [--attention-kernel flash2] [--elementwise eager]
+        --nodes N --cluster NAME
         --dtype fp16|bf16 --recompute none|selective|full --json OUT
 
 (optional flags only where the row needs them), which is run; `step_s`, `mfu` and `memory.fits`
@@ -74,6 +75,7 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--no-flash-attention"] if not t.get("flash_attention", True) else []
     kernel = t.get("attention_kernel", "fused")
     args += ["--attention-kernel", kernel] if kernel != "fused" else []
+    args += ["--elementwise", "eager"] if t.get("elementwise", "fused") == "eager" else []
     args += ["--nodes", str(s["gpus"] // s["gpus_per_node"]), "--cluster", s["cluster"]]
     return [*args, "--dtype", t["dtype"], "--recompute", t["recompute"], "--json", str(out)]
 

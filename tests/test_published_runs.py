@@ -84,6 +84,9 @@ def test_row_is_consistent(run_id: str) -> None:
     assert t["virtual_stages"] == 1 or t["pp"] > 1
     assert t["zero"] in {0, 1, 2, 3} and t["recompute"] in {"none", "selective", "full"}
     assert t["dtype"] in {"fp16", "bf16"}
+    assert t.get("elementwise", "fused") in {"fused", "eager"}
+    if r["source"] == "torchtitan":  # eager or compiled: each torchtitan row says which, and from where
+        assert "compile" in r["assumed"]["elementwise"], "quote what the source says of torch.compile"
     assert s["cluster"] in set(CLUSTERS) | COMING_PRESETS
     assert s["cluster_exact"] or s.get("cluster_note"), (
         "say how the published machine differs from the preset"
@@ -157,6 +160,11 @@ def test_contract_command() -> None:
     assert not {"--kv-heads", "--ffn-hidden", "--mlp", "--cp", "--virtual-stages", "--zero"} & set(gpt)
     assert gpt[gpt.index("--nodes") + 1] == "280" and "--sequence-parallel" not in gpt
     assert "--no-flash-attention" in gpt and "--overlap" not in gpt  # MT-NLG: 2021, no overlap
+    assert "--elementwise" not in gpt  # fused, the default
+    eager, compiled = (
+        bench().command(row(f"torchtitan-h100-llama3.1-8b-8gpu{x}"), out) for x in ("", "-compile")
+    )
+    assert eager[eager.index("--elementwise") + 1] == "eager" and "--elementwise" not in compiled
 
 
 def test_refusals_are_reported_not_raised() -> None:

@@ -80,6 +80,12 @@ def plan(
         "on Hopper) or flash2 (FlashAttention-2, as PyTorch's scaled_dot_product_attention runs it).",
         rich_help_panel="Layout",
     ),
+    elementwise: str = typer.Option(
+        "fused",
+        help="Norms, activation, rotary and residual adds: fused (torch.compile, Megatron-LM's fused "
+        "kernels) or eager (one kernel per PyTorch op, as torchtitan's Llama runs without torch.compile).",
+        rich_help_panel="Layout",
+    ),
     global_batch: int | None = typer.Option(
         None, help="Transformer model: sequences per optimizer step.", rich_help_panel="Layout"
     ),
@@ -205,7 +211,7 @@ def plan(
     )
     parallel_given = (
         cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
-        or attention_kernel != "fused"
+        or attention_kernel != "fused" or elementwise != "fused"
     )  # fmt: skip
     transformer_only = (
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
@@ -246,9 +252,12 @@ def plan(
             _refuse(
                 [k for k, v in attention.items() if v], "--search (it prices the GPU's fused flash attention)"
             )
+            if elementwise != "fused":
+                _refuse(["--elementwise"], "--search (it prices fused elementwise kernels)")
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
-                  "flash_attention": flash_attention, "attention_kernel": attention_kernel}  # fmt: skip
+                  "flash_attention": flash_attention, "attention_kernel": attention_kernel,
+                  "elementwise": elementwise}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -616,7 +625,7 @@ def _transformer(
             run = Training(
                 global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
-                layout["zero"], layout["flash_attention"], layout["attention_kernel"],
+                layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

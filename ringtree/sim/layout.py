@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringtree.sim.eager import ELEMENTWISE
 from ringtree.sim.plan import Layout
 from ringtree.sim.transformer import RECOMPUTE, Transformer
 
@@ -42,6 +43,10 @@ class Training:
     # Hopper), as Megatron-LM, NeMo and MaxText run it; "flash2", FlashAttention-2 as PyTorch's
     # scaled_dot_product_attention runs it (torchtitan)
     attention_kernel: str = "fused"
+    # elementwise work (norms, activation, rotary, residual adds): "fused", as torch.compile and
+    # hand-fused kernels run it (Megatron-LM, NeMo, MaxText); "eager", one kernel per PyTorch op
+    # through HBM, as torchtitan runs without torch.compile (ringtree.sim.eager)
+    elementwise: str = "fused"
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -62,6 +67,8 @@ class Training:
                 f"--attention-kernel {self.attention_kernel} picks a flash attention kernel, which "
                 "--no-flash-attention turns off: drop one of them"
             )
+        if self.elementwise not in ELEMENTWISE:
+            raise ValueError(f"unknown --elementwise {self.elementwise!r}; choose {' or '.join(ELEMENTWISE)}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
         if self.sequence_parallel and self.tp == 1:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ringtree.sim import compute, nccl_model
+from ringtree.sim import compute, eager, nccl_model
 from ringtree.sim.clusters import GPU
 from ringtree.sim.hardware import Cluster
 from ringtree.sim.layout import Training, check
@@ -34,9 +34,13 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
     attention = compute.attention_s(
         model, run.micro_batch, run.tp, run.cp, gpu, run.dtype, run.flash_attention, run.attention_kernel
     )
-    other = compute.elementwise_s(activation_bytes_per_layer(model, run, "none"), gpu)
+    if run.elementwise == "eager":
+        other, other_back = eager.passes_s(model, tokens, run.tp, run.sequence_parallel, gpu)
+    else:
+        other = compute.elementwise_s(activation_bytes_per_layer(model, run, "none"), gpu)
+        other_back = 2 * other
     forward = mats + attention + other
-    backward = 2 * (mats + other) + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
+    backward = 2 * mats + other_back + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
     redo = {"none": 0.0, "selective": attention, "full": forward}[run.recompute]
     return forward, backward + redo, attention
 
