@@ -116,6 +116,47 @@ def test_a_peer_dying_mid_collective_raises_on_every_live_rank(algorithm: str, t
         assert elapsed < 20  # the 10 s timeout, or sooner when the transport notices the death
 
 
+class _Gone:
+    """A process group whose peer's connection is gone: gloo raises as the operation is posted."""
+
+    def send(self, *args: object) -> object:
+        raise RuntimeError("Read error [127.0.0.1]:23216: Connection reset by peer")
+
+    recv = send
+
+
+def posting_fails(rank: int) -> str:
+    """Gloo raises at once (not in wait) when a peer died: the executor names it like a wait's failure."""
+    from datetime import timedelta
+
+    from ringtree.comm import executor, reduce_ops
+    from ringtree.schedules import Request, build
+    from ringtree.topology import Topology
+
+    schedule = build(Request("all_reduce", "ring", Topology.single_node(2), 1 << 10, 4))
+    buf = torch.ones(1 << 10)
+    gone: Any = _Gone()
+    return _error(
+        lambda: executor._pipelined(
+            buf,
+            schedule,
+            rank,
+            reduce_ops.COMBINE["sum"],
+            gone,
+            [0, 1],
+            timedelta(seconds=5),
+            "ringtree test",
+        )
+    )
+
+
+def test_a_send_that_fails_as_it_is_posted_is_a_collective_error() -> None:
+    for rank, message in enumerate(spawn(posting_fails, 2, timeout_s=60)):
+        assert message.startswith("CollectiveError"), message
+        assert f"ringtree test on rank {rank} receiving from rank {1 - rank} failed at step 1/" in message
+        assert "Connection reset by peer" in message
+
+
 def silent_peer(rank: int) -> tuple[str, float]:
     """Rank 2 never calls the collective; ranks 0 and 1 must time out, in the handshake or the steps."""
     if rank == 2:

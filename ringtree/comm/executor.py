@@ -69,24 +69,27 @@ def _pipelined(
 
     def post_recvs(t: int) -> None:
         if t < n and recv_works[t] is None:
-            recv_works[t] = [
-                pg.recv(
-                    [
-                        buf[r.start : r.stop]
-                        if r.mode == DIRECT
-                        else scratch[r.scratch : r.scratch + r.stop - r.start]
-                    ],
-                    r.peer,
-                    r.tag,
+            works = []
+            for r in steps[t].recvs:
+                into = (
+                    buf[r.start : r.stop]
+                    if r.mode == DIRECT
+                    else scratch[r.scratch : r.scratch + r.stop - r.start]
                 )
-                for r in steps[t].recvs
-            ]
+                try:
+                    works.append(pg.recv([into], r.peer, r.tag))
+                except RuntimeError as e:  # gloo raises at once when the peer's connection is gone
+                    raise _failure(e, r.peer, False, t, n, peers, timeout, what) from e
+            recv_works[t] = works
 
     def post_sends(t: int, after: int) -> None:
         if t < n:
             for k, s in enumerate(steps[t].sends):
                 if s.after == after:
-                    send_works[t][k] = pg.send([buf[s.start : s.stop]], s.peer, s.tag)
+                    try:
+                        send_works[t][k] = pg.send([buf[s.start : s.stop]], s.peer, s.tag)
+                    except RuntimeError as e:
+                        raise _failure(e, s.peer, True, t, n, peers, timeout, what) from e
 
     for t in range(min(n, 2)):
         if t == 0 or steps[t].early:
@@ -156,7 +159,11 @@ def _batched(
                 reductions.append((view, incoming))
                 view = incoming
             p2p.append(dist.P2POp(dist.irecv, view, peers[op.peer], group))
-        _wait(dist.batch_isend_irecv(p2p), step, t, len(steps), peers, timeout, what)
+        try:
+            works = dist.batch_isend_irecv(p2p)
+        except RuntimeError as e:  # posting failed: the peer's connection is already gone
+            raise CollectiveError(_describe(e, None, None, t, len(steps), timeout, what)) from e
+        _wait(works, step, t, len(steps), peers, timeout, what)
         for acc, incoming in reductions:
             combine(acc, incoming)
 
@@ -183,8 +190,15 @@ def _wait_one(
     try:
         work.wait(timeout)
     except RuntimeError as e:
-        op = Op(OpKind.SEND if sending else OpKind.RECV, peer, 0, 0)
-        raise CollectiveError(_describe(e, op, peers[peer], t, n, timeout, what), peer=peers[peer]) from e
+        raise _failure(e, peer, sending, t, n, peers, timeout, what) from e
+
+
+def _failure(
+    e: RuntimeError, peer: int, sending: bool, t: int, n: int, peers: list[int], timeout: timedelta, what: str
+) -> CollectiveError:
+    """The error of a send to or receive from group rank `peer` that failed, posted or waited on."""
+    op = Op(OpKind.SEND if sending else OpKind.RECV, peer, 0, 0)
+    return CollectiveError(_describe(e, op, peers[peer], t, n, timeout, what), peer=peers[peer])
 
 
 def _wait(
