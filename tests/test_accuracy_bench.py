@@ -3,7 +3,6 @@ what the planner may use of a calibration."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,15 +10,11 @@ from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "accuracy.py"
+from tests.benchmark_scripts import load
 
 
 def accuracy() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("accuracy_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("accuracy")
 
 
 def run(step: float, predicted: float) -> dict[str, Any]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,19 +10,14 @@ import pytest
 
 from ringtree.sim import nccl_model
 from ringtree.sim.clusters import preset_cluster
+from tests.benchmark_scripts import load
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "nccl_published.py"
 TARGET = 0.15  # issue 21: median |error| over the tables at most 15%
 
 
 @pytest.fixture(scope="module")
 def published() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("nccl_published", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nccl_published"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load("nccl_published")
 
 
 def test_at_least_four_multi_node_tables_of_h100_and_a100(published: ModuleType) -> None:

@@ -5,7 +5,6 @@ reduce-scatter, matmuls at each GPU's measured share of its peak; and the publis
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import statistics
 from functools import cache
@@ -25,8 +24,8 @@ from ringtree.sim.plan import Layout, StepWork, predict
 from ringtree.sim.predictor import default_algorithm, plan, work
 from ringtree.sim.search import search
 from ringtree.sim.transformer import Transformer
+from tests.benchmark_scripts import load
 
-BENCH = Path(__file__).parents[1] / "benchmarks"
 # what the published runs reach (docs/accuracy.md, "Published runs, H100 and A100"), rounded up
 MEDIAN_ABS_ERROR, MAX_ABS_ERROR, MEAN_ABS_ERROR = 0.076, 0.295, 0.101  # 7.5%, 29.2%, 10.0% reached
 # rows the memory model says do not fit, and why (docs/accuracy.md): Llama 3 405B at 8,192 GPUs holds
@@ -39,11 +38,7 @@ ANCHOR_LOW, ANCHOR_HIGH = -0.061, 0.061
 
 
 def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(name)
 
 
 @cache

@@ -3,7 +3,6 @@ contract command, converts published figures and reports refusals without crashi
 
 from __future__ import annotations
 
-import importlib.util
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -12,20 +11,13 @@ from typing import Any
 import pytest
 
 from ringtree.sim.clusters import CLUSTERS
+from tests.benchmark_scripts import load
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "published_runs.py"
-# presets another helper is adding (issue 21); the dataset may name them before they land
-COMING_PRESETS = {"dgx-h200", "dgx-b200"}
 METRICS = {"step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"}
 
 
-@cache
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("published_runs_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("published_runs")
 
 
 @cache
@@ -87,7 +79,7 @@ def test_row_is_consistent(run_id: str) -> None:
     assert t.get("elementwise", "fused") in {"fused", "eager"}
     if r["source"] == "torchtitan":  # eager or compiled: each torchtitan row says which, and from where
         assert "compile" in r["assumed"]["elementwise"], "quote what the source says of torch.compile"
-    assert s["cluster"] in set(CLUSTERS) | COMING_PRESETS
+    assert s["cluster"] in CLUSTERS
     assert s["cluster_exact"] or s.get("cluster_note"), (
         "say how the published machine differs from the preset"
     )
