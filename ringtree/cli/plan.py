@@ -93,6 +93,13 @@ def plan(
         None, help="Transformer model: sequences per micro-batch (1).", rich_help_panel="Layout"
     ),
     dtype: str = typer.Option("bf16", help="Transformer model: fp16 or bf16.", rich_help_panel="Layout"),
+    grad_dtype: str | None = typer.Option(
+        None,
+        help="Gradient dtype, accumulated and reduced over DP: fp32, bf16 or fp16. Default fp32 (a "
+        "transformer under --dtype fp16: fp16); bf16 runs reduce in fp32 in Megatron-LM, torchtitan, "
+        "NeMo's distributed Adam and Llama 3 unless told otherwise.",
+        rich_help_panel="Layout",
+    ),
     recompute: str | None = typer.Option(
         None,
         help="Transformer model: activation recompute none (default)|selective|full.",
@@ -135,9 +142,6 @@ def plan(
         None,
         help="pkg.mod:factory returning a torch.nn.Module to count.",
         rich_help_panel="Data-parallel planner",
-    ),
-    grad_dtype: str = typer.Option(
-        "fp32", help="Gradient dtype: fp32, fp16 or bf16.", rich_help_panel="Data-parallel planner"
     ),
     compute_time: float | None = typer.Option(
         None,
@@ -222,7 +226,7 @@ def plan(
                  "--bucket-mb": None if bucket_mb == 25.0 else bucket_mb, "--compression": compression,
                  "--accumulate": None if accumulate == 1 else accumulate, "--tp": None if tp == 1 else tp,
                  "--batch-size": None if batch_size == 32 else batch_size, "--pp": None if pp == 1 else pp,
-                 "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype, "--shape": shape,
+                 "--grad-dtype": grad_dtype, "--shape": shape,
                  "--plot": plot, "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []
@@ -238,8 +242,7 @@ def plan(
                 "kv_heads": kv_heads, "ffn_hidden": ffn_hidden, "mlp": mlp}  # fmt: skip
         legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot,
                   "--shape": shape, "--accumulate": None if accumulate == 1 else accumulate,
-                  "--batch-size": None if batch_size == 32 else batch_size,
-                  "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype}  # fmt: skip
+                  "--batch-size": None if batch_size == 32 else batch_size}  # fmt: skip
         chosen = {"--tp": tp > 1, "--pp": pp > 1, "--cp": cp > 1, "--virtual-stages": virtual_stages > 1,
                   "--sequence-parallel": sequence_parallel, "--zero": zero > 0,
                   "--micro-batch": micro_batch is not None}  # fmt: skip
@@ -257,7 +260,7 @@ def plan(
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
                   "flash_attention": flash_attention, "attention_kernel": attention_kernel,
-                  "elementwise": elementwise}  # fmt: skip
+                  "elementwise": elementwise, "grad_dtype": grad_dtype}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -267,7 +270,7 @@ def plan(
         seconds = _compute_time(compute_time, measure, module, input_shape)
         cluster = links.cluster()
         config = StepConfig(
-            count, seconds, grad_dtype, compression, overlap, bucket_mb, accumulate, batch_size
+            count, seconds, grad_dtype or "fp32", compression, overlap, bucket_mb, accumulate, batch_size
         )
         if algorithm not in ("auto", *ALGORITHMS, "native"):
             raise ValueError(
@@ -614,7 +617,9 @@ def _transformer(
             if recompute is not None and recompute not in RECOMPUTE:
                 raise ValueError(f"unknown --recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
             modes = RECOMPUTE if recompute is None else (recompute,)
-            found = search_layouts(shape, global_batch, cluster, gpu, dtype, modes, chosen)
+            found = search_layouts(
+                shape, global_batch, cluster, gpu, dtype, modes, chosen, layout["grad_dtype"]
+            )
             rows = found.rows
             if not rows:
                 raise ValueError(
@@ -626,6 +631,7 @@ def _transformer(
                 global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
                 layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
+                layout["grad_dtype"],
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

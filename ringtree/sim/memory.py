@@ -1,9 +1,14 @@
 """Bytes per GPU on every pipeline stage: weights, gradients and optimizer states, and activations.
 
-States (mixed precision with Adam, ZeRO's accounting): 2 bytes of weights, 2 of gradients, 12 of
-optimizer (fp32 master weights and two moments) per parameter. ZeRO shards them over the dp x cp
-ranks that hold the same weights: 1 the optimizer's 12, 2 the gradients too, 3 the weights too (and
-holds two gathered layers, the one computing and the one prefetched).
+States (mixed precision with Adam, ZeRO's accounting): 2 bytes of weights, the gradients in the run's
+gradient dtype (4 bytes in fp32, as Megatron-LM's distributed optimizer counts bf16 training: "bf16
+param, fp32 grads: 6 + 12/d" bytes per parameter, docs/source/api-guide/dist_optimizer.md; 2 in 16
+bits), 12 of optimizer (fp32 master weights and two moments) per parameter. ZeRO shards them over the
+dp x cp ranks that hold the same weights: 1 the optimizer's 12, 2 the gradients too, 3 the weights
+too (and holds two gathered layers, the one computing and the one prefetched). Under ZeRO-3 the
+sharded states are 16 bytes a parameter whatever the gradient dtype: FSDP2 keeps the sharded
+parameter in fp32 (it is the master: 4), its sharded gradient in the parameter's dtype (4: the
+reduce-scatter's output cast up) and two moments (8); DeepSpeed's ZeRO-3 2 + 2 + 12.
 
 Activations per layer and micro-batch, 16 bits (Korthikanti et al. 2022, table 2, with flash
 attention, which stores no s x s scores): the replicated part 10 s b h (norm inputs, matmul inputs,
@@ -27,7 +32,7 @@ from ringtree.sim.clusters import GPU
 from ringtree.sim.layout import Training
 from ringtree.sim.transformer import Transformer
 
-WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12  # GRAD_BYTES: ZeRO-3's (see above); else the run's
 GiB = 1 << 30
 
 
@@ -68,7 +73,7 @@ def states_bytes(params: float, run: Training, shard: int) -> float:
     """Weights, gradients and optimizer states of `params` parameters under the run's ZeRO stage."""
     z = run.zero
     weights = WEIGHT_BYTES / (shard if z >= 3 else 1)
-    grads = GRAD_BYTES / (shard if z >= 2 else 1)
+    grads = (GRAD_BYTES if z >= 3 else run.grad_itemsize) / (shard if z >= 2 else 1)
     optimizer = OPTIMIZER_BYTES / (shard if z >= 1 else 1)
     return params * (weights + grads + optimizer)
 

@@ -18,7 +18,7 @@ from ringtree.sim.memory import activation_bytes_per_layer, memory, stage_layers
 from ringtree.sim.plan import StepPrediction, StepWork, predict
 from ringtree.sim.transformer import Transformer
 
-ITEMSIZE = 2  # 16-bit activations, gradients and collectives
+ITEMSIZE = 2  # 16-bit weights, activations and their collectives (gradients: the run's grad_itemsize)
 
 
 def default_algorithm(cluster: Cluster) -> str:
@@ -63,8 +63,9 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         forward_s=fs[k],
         backward_s=bs[k],
         micro_batches=m,
-        grad_bytes=int(stage_params) * ITEMSIZE,
-        itemsize=ITEMSIZE,
+        grad_bytes=int(stage_params) * run.grad_itemsize,
+        itemsize=run.grad_itemsize,
+        param_itemsize=ITEMSIZE,
         bucket_mb=run.bucket_mb,
         overlap=run.overlap,
         samples=run.global_batch,
