@@ -1,4 +1,5 @@
-"""`plan --grad-dtype` for the transformer (issue 21): gradients accumulated and reduced in fp32 under bf16.
+"""`plan --grad-dtype` (gradients accumulated and reduced in fp32 under bf16) and `--no-dropout` (no masks
+stored) for the transformer (issue 21).
 
 Megatron-LM, torchtitan's FSDP2, Apex's DistributedFusedAdam and Llama 3 reduce bf16 runs' gradients
 in fp32 (ringtree/sim/layout.py); the planner prices that in the data-parallel reduction's bytes and
@@ -16,10 +17,10 @@ from ringtree.cli.app import app
 from ringtree.sim.clusters import H100
 from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.layout import Training
-from ringtree.sim.memory import states_bytes
+from ringtree.sim.memory import activation_bytes_per_layer, states_bytes
 from ringtree.sim.plan import Layout, StepWork, predict
 from ringtree.sim.predictor import work
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.transformer import MODELS, Transformer
 
 MODEL = Transformer(4, 1024, 16, 2048, 32000, 4, 2816, "swiglu")
 # bandwidth only (no latency): a collective's time is exactly proportional to its bytes
@@ -99,3 +100,33 @@ def test_cli_refuses_a_bad_grad_dtype_in_one_sentence(tmp_path: Path, args: list
     said = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and words in said, result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_model_without_dropout_stores_no_masks() -> None:
+    """Korthikanti et al.'s 10 s b h replicated bytes hold two 1-byte dropout masks: 8 without them;
+    unfused attention keeps its softmax output (2 a s^2 b) but not the mask and dropout output."""
+    gpt = Transformer(2, 64, 4, 16, 100)
+    llama = Transformer(2, 64, 4, 16, 100, dropout=False)
+    sbh = 16 * 2 * 64
+    run = Training(8, 2)
+    assert activation_bytes_per_layer(gpt, run) - activation_bytes_per_layer(llama, run) == 2 * sbh
+    unfused = Training(8, 2, flash_attention=False)
+    scores = 4 * 16 * 16 * 2  # a s^2 b
+    assert activation_bytes_per_layer(llama, unfused) == sbh * (8 + 24) + 2 * scores
+    assert activation_bytes_per_layer(gpt, unfused) == sbh * (10 + 24) + 5 * scores
+    assert not MODELS["llama3-8b"].dropout and MODELS["gpt3-175b"].dropout
+
+
+def test_cli_no_dropout_shrinks_the_activations(tmp_path: Path) -> None:
+    base = ["plan", "--model", "gpt3-175b", "--global-batch", "64", "--tp", "8", "--pp", "8", "--nodes", "8",
+            "--cluster", "dgx-h100"]  # fmt: skip
+    memory = {}
+    for flag in ("--dropout", "--no-dropout"):
+        out = tmp_path / f"{flag}.json"
+        result = CliRunner().invoke(app, [*base, flag, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        data = json.loads(out.read_text())
+        assert data["details"]["model"]["dropout"] is (flag == "--dropout")
+        memory[flag] = data["memory"]["activations_GiB"]
+    # the first stage's layers, TP 8 without SP: (8 + 24 / 8) s b h a layer instead of (10 + 24 / 8)
+    assert memory["--no-dropout"] == pytest.approx(memory["--dropout"] * 11 / 13)

@@ -77,7 +77,8 @@ def test_row_is_consistent(run_id: str) -> None:
     assert t["zero"] in {0, 1, 2, 3} and t["recompute"] in {"none", "selective", "full"}
     assert t["dtype"] in {"fp16", "bf16"}
     assert t.get("elementwise", "fused") in {"fused", "eager"}
-    # every row says in which dtype it reduced its gradients, and quotes why
+    # every row says whether it trained with dropout and in which dtype it reduced its gradients, and why
+    assert isinstance(m["dropout"], bool) and r["assumed"]["dropout"]
     assert t["grad_dtype"] in {"fp32", t["dtype"]} and r["assumed"]["grad_dtype"].startswith(t["grad_dtype"])
     if r["source"] == "torchtitan":  # eager or compiled: each torchtitan row says which, and from where
         assert "compile" in r["assumed"]["elementwise"], "quote what the source says of torch.compile"
@@ -144,7 +145,8 @@ def test_contract_command() -> None:
     out = Path("plan.json")
     assert bench().command(row("dgxc-llama3.1-70b-64gpu"), out) == [
         "plan", "--model", "transformer", "--layers", "80", "--hidden", "8192", "--heads", "64",
-        "--kv-heads", "8", "--ffn-hidden", "28672", "--mlp", "swiglu", "--seq", "8192", "--vocab", "128256",
+        "--kv-heads", "8", "--ffn-hidden", "28672", "--mlp", "swiglu", "--no-dropout", "--seq", "8192",
+        "--vocab", "128256",
         "--global-batch", "128", "--micro-batch", "1", "--tp", "4", "--pp", "4", "--cp", "2",
         "--virtual-stages", "5", "--sequence-parallel", "--zero", "2", "--overlap", "--grad-dtype", "bf16",
         "--nodes", "8", "--cluster", "dgx-h100", "--dtype", "bf16", "--recompute", "none",
@@ -157,6 +159,7 @@ def test_contract_command() -> None:
     assert "--no-flash-attention" in gpt and "--overlap" not in gpt  # MT-NLG: 2021, no overlap
     assert "--elementwise" not in gpt  # fused, the default
     assert "--grad-dtype" not in gpt  # fp16 under --dtype fp16, the default
+    assert "--no-dropout" not in gpt and "--no-dropout" in bench().command(row("llama3-405b-8192gpu"), out)
     assert "--grad-dtype" not in bench().command(row("llama3-405b-8192gpu"), out)  # fp32 under bf16
     eager, compiled = (
         bench().command(row(f"torchtitan-h100-llama3.1-8b-8gpu{x}"), out) for x in ("", "-compile")

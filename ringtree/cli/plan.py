@@ -40,6 +40,13 @@ def plan(
     mlp: str | None = typer.Option(
         None, help="MLP: gelu (two h x F matrices) or swiglu (three).", rich_help_panel="Model"
     ),
+    dropout: bool | None = typer.Option(
+        None,
+        "--dropout/--no-dropout",
+        help="Dropout masks stored for the backward (default: GPT shapes yes, as Megatron-LM's 0.1; "
+        "the Llama 3 presets no).",
+        rich_help_panel="Model",
+    ),
     pp: int = typer.Option(
         1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel="Layout"
     ),
@@ -211,7 +218,8 @@ def plan(
     check_output(plot, "--plot")
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(
-        x is not None for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp)
+        x is not None
+        for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp, dropout)
     )
     parallel_given = (
         cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
@@ -239,7 +247,7 @@ def plan(
         _refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
     if transformer:
         dims = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab,
-                "kv_heads": kv_heads, "ffn_hidden": ffn_hidden, "mlp": mlp}  # fmt: skip
+                "kv_heads": kv_heads, "ffn_hidden": ffn_hidden, "mlp": mlp, "dropout": dropout}  # fmt: skip
         legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot,
                   "--shape": shape, "--accumulate": None if accumulate == 1 else accumulate,
                   "--batch-size": None if batch_size == 32 else batch_size}  # fmt: skip

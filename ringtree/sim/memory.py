@@ -11,11 +11,13 @@ parameter in fp32 (it is the master: 4), its sharded gradient in the parameter's
 reduce-scatter's output cast up) and two moments (8); DeepSpeed's ZeRO-3 2 + 2 + 12.
 
 Activations per layer and micro-batch, 16 bits (Korthikanti et al. 2022, table 2, with flash
-attention, which stores no s x s scores): the replicated part 10 s b h (norm inputs, matmul inputs,
-dropout masks), divided by t with sequence parallelism; the TP-split part (4 + 4 k/a) s b h / t for
-Q, K, V and the attention output, and 4 s b F / t (GeLU) or 6 s b F / t (SwiGLU) for the MLP; with
-CP each rank holds s / c of the sequence. Without flash attention (Megatron-LM 2021) a layer also
-stores its scores, softmax and dropout mask, 5 a s^2 b / t, unless recompute rebuilds them. `full`
+attention, which stores no s x s scores): the replicated part 10 s b h (norm inputs 4, the inputs of
+the QKV and first MLP matmuls 4, the two dropout masks 1 byte each: 8 without dropout, as Llama
+trains), divided by t with sequence parallelism; the TP-split part (4 + 4 k/a) s b h / t for Q, K, V
+and the attention output, and 4 s b F / t (GeLU) or 6 s b F / t (SwiGLU) for the MLP; with CP each
+rank holds s / c of the sequence. Without flash attention (Megatron-LM 2021) a layer also stores its
+softmax output, dropout mask and dropout output, 5 a s^2 b / t (2 a s^2 b without dropout: the
+softmax output alone), unless recompute rebuilds them. `full`
 recompute keeps each layer's input (2 s b h, / t with SP) and rebuilds one layer at a time;
 `selective` stores what flash attention stores.
 Under 1F1B stage j holds min(m, p - j) micro-batches; interleaved with V chunks, its chunks of
@@ -44,10 +46,11 @@ def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str
     if (recompute or run.recompute) == "full":
         return 2.0 * shared
     attention = (4 + 4 * model.kv_hidden / model.hidden) * sbh / t
-    if not run.flash_attention and (recompute or run.recompute) == "none":  # scores, softmax, dropout
-        attention += 5 * model.heads * model.seq * model.seq // c * run.micro_batch / t
+    if not run.flash_attention and (recompute or run.recompute) == "none":  # softmax (and dropout)
+        scores = 5 if model.dropout else 2
+        attention += scores * model.heads * model.seq * model.seq // c * run.micro_batch / t
     mlp = (6 if model.mlp == "swiglu" else 4) * sbh * model.ffn_hidden / model.hidden / t
-    return 10 * shared + attention + mlp
+    return (10 if model.dropout else 8) * shared + attention + mlp
 
 
 def stage_layers(layers: int, p: int) -> tuple[int, ...]:

@@ -34,6 +34,11 @@ class Transformer:
     mlp: str = "gelu"  # gelu: two h x F matrices; swiglu: three
     tied_embeddings: bool = True  # GPT ties the logits to the input embedding; Llama 3 does not
     learned_positions: bool = True  # GPT learns s x h position embeddings; Llama uses RoPE
+    # dropout after attention and after the MLP (and on the attention probabilities): GPT trains
+    # with it (Megatron-LM's --hidden-dropout and --attention-dropout default 0.1), storing its masks
+    # for the backward; Llama trains without (a dropout of 0 stores nothing: torch's dropout returns
+    # its input when p = 0)
+    dropout: bool = True
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -118,8 +123,8 @@ class Transformer:
 
 def _llama3(layers: int, hidden: int, heads: int, ffn: int) -> Transformer:
     """Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", table 3): 8 KV heads, SwiGLU,
-    vocabulary 128,256, untied output matrix, RoPE; pre-training sequence 8,192."""
-    return Transformer(layers, hidden, heads, 8192, 128_256, 8, ffn, "swiglu", False, False)
+    vocabulary 128,256, untied output matrix, RoPE, no dropout; pre-training sequence 8,192."""
+    return Transformer(layers, hidden, heads, 8192, 128_256, 8, ffn, "swiglu", False, False, False)
 
 
 # name: the model's shape, from its paper or released config.
@@ -136,7 +141,7 @@ MODELS: dict[str, Transformer] = {
 }
 
 
-def with_dims(base: Transformer, **dims: int | str) -> Transformer:
+def with_dims(base: Transformer, **dims: int | str | bool) -> Transformer:
     """`base` with the named dimensions replaced (kv heads and MLP width re-derived unless named)."""
     if "hidden" in dims and "ffn_hidden" not in dims and base.ffn_hidden == 4 * base.hidden:
         dims["ffn_hidden"] = 0
