@@ -2,7 +2,7 @@
 
 States (mixed precision with Adam, ZeRO's accounting): 2 bytes of weights, the gradients in the run's
 gradient dtype (4 bytes in fp32, as Megatron-LM's distributed optimizer counts bf16 training: "bf16
-param, fp32 grads: 6 + 12/d" bytes per parameter, docs/source/api-guide/dist_optimizer.md; 2 in 16
+param, fp32 grads: 6 + 12/d" bytes per parameter, Megatron-LM README, "Distributed Optimizer"; 2 in 16
 bits), 12 of optimizer (fp32 master weights and two moments) per parameter. ZeRO shards them over the
 dp x cp ranks that hold the same weights: 1 the optimizer's 12, 2 the gradients too, 3 the weights
 too (and holds two gathered layers, the one computing and the one prefetched). Under ZeRO-3 the
