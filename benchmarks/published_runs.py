@@ -7,7 +7,7 @@ the figure they published and where) becomes the planner's contract command
         [--ffn-hidden F] [--mlp gelu|swiglu] [--no-dropout] --seq S --vocab V --global-batch B --micro-batch b
         --tp T --pp P [--cp C] [--virtual-stages V] [--sequence-parallel] [--zero Z]
         [--overlap] [--no-flash-attention] [--attention-kernel flash2] [--elementwise eager]
-        [--grad-dtype bf16]
+        [--grad-dtype bf16] [--bucket-mb MiB]
         --nodes N --cluster NAME
         --dtype fp16|bf16 --recompute none|selective|full --json OUT
 
@@ -80,6 +80,7 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--elementwise", "eager"] if t.get("elementwise", "fused") == "eager" else []
     grads = t.get("grad_dtype", "fp32" if t["dtype"] == "bf16" else t["dtype"])
     args += ["--grad-dtype", grads] if grads != ("fp32" if t["dtype"] == "bf16" else t["dtype"]) else []
+    args += ["--bucket-mb", f"{t['bucket_mb']:g}"] if t.get("bucket_mb", 25.0) != 25.0 else []
     args += ["--nodes", str(s["gpus"] // s["gpus_per_node"]), "--cluster", s["cluster"]]
     return [*args, "--dtype", t["dtype"], "--recompute", t["recompute"], "--json", str(out)]
 

@@ -79,6 +79,7 @@ def test_row_is_consistent(run_id: str) -> None:
     assert t.get("elementwise", "fused") in {"fused", "eager"}
     # every row says whether it trained with dropout and in which dtype it reduced its gradients, and why
     assert isinstance(m["dropout"], bool) and r["assumed"]["dropout"]
+    assert "bucket_mb" not in t or (t["bucket_mb"] > 0 and r["assumed"]["bucket_mb"])
     assert t["grad_dtype"] in {"fp32", t["dtype"]} and r["assumed"]["grad_dtype"].startswith(t["grad_dtype"])
     if r["source"] == "torchtitan":  # eager or compiled: each torchtitan row says which, and from where
         assert "compile" in r["assumed"]["elementwise"], "quote what the source says of torch.compile"
@@ -160,6 +161,9 @@ def test_contract_command() -> None:
     assert "--elementwise" not in gpt  # fused, the default
     assert "--grad-dtype" not in gpt  # fp16 under --dtype fp16, the default
     assert "--no-dropout" not in gpt and "--no-dropout" in bench().command(row("llama3-405b-8192gpu"), out)
+    # Megatron-Core's default bucket, max(40M, 1M x dp) fp32 gradients: dp 48 -> 48M x 4 bytes
+    megatron = bench().command(row("megatron-h100-gpt-32b"), out)
+    assert megatron[megatron.index("--bucket-mb") + 1] == "183.1" and "--bucket-mb" not in gpt
     assert "--grad-dtype" not in bench().command(row("llama3-405b-8192gpu"), out)  # fp32 under bf16
     eager, compiled = (
         bench().command(row(f"torchtitan-h100-llama3.1-8b-8gpu{x}"), out) for x in ("", "-compile")
