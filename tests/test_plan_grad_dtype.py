@@ -1,5 +1,5 @@
-"""`plan --grad-dtype` (gradients accumulated and reduced in fp32 under bf16) and `--no-dropout` (no masks
-stored) for the transformer (issue 21).
+"""`plan --grad-dtype` (gradients accumulated and reduced in fp32 under bf16), `--no-dropout` (no masks
+stored) and `--recompute op` (torchtitan's per-op selective AC) for the transformer (issue 21).
 
 Megatron-LM, torchtitan's FSDP2, Apex's DistributedFusedAdam and Llama 3 reduce bf16 runs' gradients
 in fp32 (ringtree/sim/layout.py); the planner prices that in the data-parallel reduction's bytes and
@@ -19,8 +19,9 @@ from ringtree.sim.hardware import Cluster, Link
 from ringtree.sim.layout import Training
 from ringtree.sim.memory import activation_bytes_per_layer, states_bytes
 from ringtree.sim.plan import Layout, StepWork, predict
-from ringtree.sim.predictor import work
-from ringtree.sim.transformer import MODELS, Transformer
+from ringtree.sim.predictor import layer_times, work
+from ringtree.sim.search import candidates
+from ringtree.sim.transformer import MODELS, SEARCHED, Transformer
 
 MODEL = Transformer(4, 1024, 16, 2048, 32000, 4, 2816, "swiglu")
 # bandwidth only (no latency): a collective's time is exactly proportional to its bytes
@@ -130,3 +131,52 @@ def test_cli_no_dropout_shrinks_the_activations(tmp_path: Path) -> None:
         memory[flag] = data["memory"]["activations_GiB"]
     # the first stage's layers, TP 8 without SP: (8 + 24 / 8) s b h a layer instead of (10 + 24 / 8)
     assert memory["--no-dropout"] == pytest.approx(memory["--dropout"] * 11 / 13)
+
+
+def test_op_recompute_reruns_every_second_matmul_and_the_tp_all_gathers() -> None:
+    """torchtitan's policy saves every mm output but the 2nd, 4th and 6th of a block (K, the output
+    projection, w3), the attention and the reduce-scatters; all-gathers and elementwise ops rerun."""
+    h, kv, f, tokens = MODEL.hidden, MODEL.kv_hidden, MODEL.ffn_hidden, 1000
+    assert MODEL.op_recomputed() == [(h, kv), (h, h), (h, f)]
+    assert MODEL.recompute_flops(tokens, "op") == 2 * tokens * (h * kv + h * h + h * f)
+    assert MODEL.step_flops(8, "op") > MODEL.step_flops(8, "none")
+    tp = {r: work(MODEL, Training(8, tp=4, sequence_parallel=True, recompute=r), H100, 2) for r in SEARCHED}
+    op = work(MODEL, Training(8, tp=4, sequence_parallel=True, recompute="op"), H100, 2)
+    layers = MODEL.layers
+    assert (tp["none"].tp_backward, op.tp_backward, tp["full"].tp_backward) == (
+        2 * layers,
+        3 * layers,
+        4 * layers,
+    )
+    forward, back_op, _ = layer_times(MODEL, Training(8, recompute="op"), H100)
+    _, back_none, attention = layer_times(MODEL, Training(8), H100)
+    assert 0 < back_op - back_none < forward - attention  # part of the forward, not the attention core
+
+
+def test_op_recompute_stores_what_the_save_list_keeps() -> None:
+    sbh, t = 2048 * 2 * MODEL.hidden, 4
+    tokens = sbh // MODEL.hidden
+    run = Training(8, 2, tp=t, sequence_parallel=True, recompute="op")
+    h, kv, f, a = MODEL.hidden, MODEL.kv_hidden, MODEL.ffn_hidden, MODEL.heads
+    # the input (SP: 1/t), Q, V and w1 (column-parallel: 1/t), w2's partial sums (full width), the
+    # attention output and fp32 log-sum-exp, and the two reduce-scatters' outputs
+    saved = (
+        2 * sbh / t
+        + 2 * tokens * (h / t + kv / t + f / t + h)
+        + 2 * sbh / t
+        + 4 * tokens * a / t
+        + 4 * sbh / t
+    )
+    assert activation_bytes_per_layer(MODEL, run) == pytest.approx(saved)
+    assert activation_bytes_per_layer(MODEL, run) < activation_bytes_per_layer(
+        MODEL, Training(8, 2, tp=t, sequence_parallel=True, recompute="selective")
+    )
+
+
+def test_search_tries_megatrons_three_recompute_modes_only() -> None:
+    found = {
+        r.recompute
+        for group in candidates(MODEL, 8, Cluster(1, 8, Link("a", 0, 1), Link("b", 0, 1)), "bf16", SEARCHED)
+        for r in group
+    }
+    assert found == set(SEARCHED) and "op" not in found

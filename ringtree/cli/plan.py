@@ -109,7 +109,8 @@ def plan(
     ),
     recompute: str | None = typer.Option(
         None,
-        help="Transformer model: activation recompute none (default)|selective|full.",
+        help="Transformer model: activation recompute none (default)|selective|full|op (op: torchtitan's "
+        "per-op selective AC, every second matmul and the elementwise ops rerun).",
         rich_help_panel="Layout",
     ),
     search: bool = typer.Option(
@@ -607,7 +608,7 @@ def _transformer(
     from ringtree.sim.predictor import default_algorithm, plan
     from ringtree.sim.search import search as search_layouts
     from ringtree.sim.search import why
-    from ringtree.sim.transformer import RECOMPUTE
+    from ringtree.sim.transformer import RECOMPUTE, SEARCHED
 
     try:
         unused = [k for k, v in legacy.items() if v is not None]
@@ -624,7 +625,7 @@ def _transformer(
         if search:
             if recompute is not None and recompute not in RECOMPUTE:
                 raise ValueError(f"unknown --recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
-            modes = RECOMPUTE if recompute is None else (recompute,)
+            modes = SEARCHED if recompute is None else (recompute,)
             found = search_layouts(
                 shape, global_batch, cluster, gpu, dtype, modes, chosen, layout["grad_dtype"]
             )

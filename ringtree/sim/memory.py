@@ -19,7 +19,9 @@ rank holds s / c of the sequence. Without flash attention (Megatron-LM 2021) a l
 softmax output, dropout mask and dropout output, 5 a s^2 b / t (2 a s^2 b without dropout: the
 softmax output alone), unless recompute rebuilds them. `full`
 recompute keeps each layer's input (2 s b h, / t with SP) and rebuilds one layer at a time;
-`selective` stores what flash attention stores.
+`selective` stores what flash attention stores; `op` (torchtitan's per-op selective AC) keeps the
+layer's input, the outputs of the matmuls it does not rerun, the attention's output and log-sum-exp
+and the reduce-scatters' outputs, and rebuilds one layer at a time.
 Under 1F1B stage j holds min(m, p - j) micro-batches; interleaved with V chunks, its chunks of
 l / (p V) layers in flight are min(m V, 2 (p - j - 1) + (V - 1) p + 1) (Megatron-LM's warm-up).
 The first stage holds the embedding, the last the output matrix and the fp32 logits.
@@ -45,12 +47,28 @@ def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str
     shared = sbh / t if run.sequence_parallel else float(sbh)
     if (recompute or run.recompute) == "full":
         return 2.0 * shared
+    if (recompute or run.recompute) == "op":
+        return 2.0 * shared + _op_saved(model, run, sbh)
     attention = (4 + 4 * model.kv_hidden / model.hidden) * sbh / t
     if not run.flash_attention and (recompute or run.recompute) == "none":  # softmax (and dropout)
         scores = 5 if model.dropout else 2
         attention += scores * model.heads * model.seq * model.seq // c * run.micro_batch / t
     mlp = (6 if model.mlp == "swiglu" else 4) * sbh * model.ffn_hidden / model.hidden / t
     return (10 if model.dropout else 8) * shared + attention + mlp
+
+
+def _op_saved(model: Transformer, run: Training, sbh: int) -> float:
+    """What torchtitan's per-op selective AC saves of a layer besides its input ("Saves output of all
+    compute ops, except every second mm": its _save_list holds mm, the SDPA kernels and
+    reduce_scatter_tensor): the 1st, 3rd, 5th (and 7th) matmuls' outputs (Q, V, w1 and w2; the
+    row-parallel w2's partial sums are full width before their reduction), the attention's output
+    and fp32 log-sum-exp, and with sequence parallelism the two reduce-scatters' outputs."""
+    t, tokens = run.tp, sbh / model.hidden
+    shapes = model.matmul_shapes()
+    rows = {3, len(shapes) - 1}  # the output and down projections: row-parallel
+    widths = sum(n if i in rows else n / t for i, (_, n) in enumerate(shapes) if i % 2 == 0)
+    saved = 2 * tokens * widths + 2 * sbh / t + 4 * tokens * model.heads / t
+    return saved + (4 * sbh / t if t > 1 and run.sequence_parallel else 0.0)
 
 
 def stage_layers(layers: int, p: int) -> tuple[int, ...]:
@@ -109,7 +127,7 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
         if run.zero >= 3:
             states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
         acts = in_flight(run, m, j) * n * layer
-        if run.recompute == "full":
+        if run.recompute in ("full", "op"):
             acts += activation_bytes_per_layer(model, run, "none")  # the layer being rebuilt
         if j == p - 1:  # the logits and their gradient, fp32 for the loss
             acts += 4 * tokens * model.vocab / t

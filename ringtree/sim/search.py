@@ -22,7 +22,7 @@ from ringtree.sim.layout import Training, check
 from ringtree.sim.memory import fits
 from ringtree.sim.plan import StepPrediction, predict
 from ringtree.sim.predictor import default_algorithm, plan, work
-from ringtree.sim.transformer import RECOMPUTE, Transformer
+from ringtree.sim.transformer import SEARCHED, Transformer
 
 REPLAYED = 30  # layouts re-priced with the replayed pipeline after the closed-form pass
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -88,7 +88,7 @@ def search(
     cluster: Cluster,
     gpu: GPU,
     dtype: str = "bf16",
-    recompute: tuple[str, ...] = RECOMPUTE,
+    recompute: tuple[str, ...] = SEARCHED,
     algorithm: str = "auto",
     grad_dtype: str | None = None,
 ) -> Found:
