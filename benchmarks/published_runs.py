@@ -4,9 +4,10 @@ Each row of docs/data/published-runs.json (a run someone else measured: model, l
 the figure they published and where) becomes the planner's contract command
 
     ringtree plan --model transformer --layers L --hidden H --heads A [--kv-heads K]
-        [--ffn-hidden F] [--mlp gelu|swiglu] --seq S --vocab V --global-batch B --micro-batch b
+        [--ffn-hidden F] [--mlp gelu|swiglu] [--no-dropout] --seq S --vocab V --global-batch B --micro-batch b
         --tp T --pp P [--cp C] [--virtual-stages V] [--sequence-parallel] [--zero Z]
         [--overlap] [--no-flash-attention] [--attention-kernel flash2] [--elementwise eager]
+        [--grad-dtype bf16] [--bucket-mb MiB]
         --nodes N --cluster NAME
         --dtype fp16|bf16 --recompute none|selective|full --json OUT
 
@@ -64,6 +65,7 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--heads", str(m["heads"])]
     defaults = {"kv_heads": m["heads"], "ffn_hidden": 4 * m["hidden"], "mlp": "gelu"}
     args += [f for k, flag in OPTIONAL.items() if m[k] != defaults[k] for f in (flag, str(m[k]))]
+    args += [] if m["dropout"] else ["--no-dropout"]
     args += ["--seq", str(m["seq"]), "--vocab", str(m["vocab"])]
     args += ["--global-batch", str(t["global_batch"]), "--micro-batch", str(t["micro_batch"])]
     args += ["--tp", str(t["tp"]), "--pp", str(t["pp"])]
@@ -76,6 +78,9 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     kernel = t.get("attention_kernel", "fused")
     args += ["--attention-kernel", kernel] if kernel != "fused" else []
     args += ["--elementwise", "eager"] if t.get("elementwise", "fused") == "eager" else []
+    grads = t.get("grad_dtype", "fp32" if t["dtype"] == "bf16" else t["dtype"])
+    args += ["--grad-dtype", grads] if grads != ("fp32" if t["dtype"] == "bf16" else t["dtype"]) else []
+    args += ["--bucket-mb", f"{t['bucket_mb']:g}"] if t.get("bucket_mb", 25.0) != 25.0 else []
     args += ["--nodes", str(s["gpus"] // s["gpus_per_node"]), "--cluster", s["cluster"]]
     return [*args, "--dtype", t["dtype"], "--recompute", t["recompute"], "--json", str(out)]
 

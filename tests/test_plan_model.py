@@ -89,16 +89,20 @@ def test_cli_refuses_bad_layouts_in_one_sentence(args: list[str], words: str, tm
 
 
 def test_zero_shards_exactly_its_states_over_dp() -> None:
-    """ZeRO-1 divides the 12 optimizer bytes by N, ZeRO-2 the gradients too, ZeRO-3 the weights too."""
+    """ZeRO-1 divides the 12 optimizer bytes by N, ZeRO-2 the gradients too, ZeRO-3 the weights too.
+    bf16 with fp32 gradients (the default) is Megatron's distributed-optimizer table: 18 bytes a
+    parameter replicated, 6 + 12/d with ZeRO-1; 16-bit gradients the ZeRO paper's 16 and 4 + 12/d."""
     n, params = 16, 1e9
     zero = [states_bytes(params, Training(64, zero=z), n) for z in range(4)]
-    assert zero[0] == 16 * params
-    assert zero[1] == params * (2 + 2 + 12 / n)
-    assert zero[2] == params * (2 + (2 + 12) / n)
-    assert zero[3] == params * 16 / n
+    assert zero[0] == 18 * params
+    assert zero[1] == params * (6 + 12 / n)
+    assert zero[2] == params * (2 + (4 + 12) / n)
+    assert zero[3] == params * 16 / n  # FSDP2: fp32 sharded parameter, gradient and two moments
+    half = [states_bytes(params, Training(64, zero=z, grad_dtype="bf16"), n) for z in range(4)]
+    assert half == [16 * params, params * (4 + 12 / n), params * (2 + 14 / n), params * 16 / n]
     # in the planner: the sharded part of a stage's states shrinks by exactly dp x cp
     z0, z1 = (stages(SMALL, Training(64, zero=z, cp=2), 8, 8)[0] for z in (0, 1))
-    assert z0.states - z1.states == pytest.approx(z0.states * 12 / 16 * (1 - 1 / 16))
+    assert z0.states - z1.states == pytest.approx(z0.states * 12 / 18 * (1 - 1 / 16))
 
 
 def test_sequence_parallel_moves_the_all_reduces_bytes_and_divides_norm_activations() -> None:
@@ -148,8 +152,8 @@ def test_first_and_last_stages_hold_embedding_and_logits_and_fits_names_the_stag
     run = Training(64, 8, 1, 4)
     rows = stages(model, run, 1, 16)
     middle = rows[1].states
-    assert rows[0].states - middle == pytest.approx(16 * model.embedding_params, rel=0.05)
-    assert rows[3].states - middle == pytest.approx(16 * model.logit_params, rel=0.05)
+    assert rows[0].states - middle == pytest.approx(18 * model.embedding_params, rel=0.05)  # fp32 grads
+    assert rows[3].states - middle == pytest.approx(18 * model.logit_params, rel=0.05)
     assert rows[3].activations > rows[2].activations  # the fp32 logits
     report = memory(model, run, 1, 16, H100.gpu)
     assert not report["fits"] and report["overflow_GiB"] == pytest.approx(

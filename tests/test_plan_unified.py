@@ -79,7 +79,7 @@ def test_activation_memory_by_hand() -> None:
     m = memory(TINY, Training(32, 2, pp=2, flash_attention=False), 8, 2, gpu)  # first stage: min(p, m) = 2
     first = m["stages"][0]
     assert first["weights_grads_optimizer_GiB"] * 2**30 == pytest.approx(
-        16 * (TINY.layer_params + TINY.embedding_params)
+        18 * (TINY.layer_params + TINY.embedding_params)  # bf16 weights, fp32 gradients, 12 of Adam
     )
     assert first["activations_GiB"] * 2**30 == pytest.approx(2 * activation_bytes_per_layer(TINY, unfused))
     assert m["fits"]

@@ -74,9 +74,18 @@ def test_row_is_consistent(run_id: str) -> None:
     if "uneven pipeline" not in r.get("notes", ""):
         assert m["layers"] % (t["pp"] * t["virtual_stages"]) == 0
     assert t["virtual_stages"] == 1 or t["pp"] > 1
-    assert t["zero"] in {0, 1, 2, 3} and t["recompute"] in {"none", "selective", "full"}
+    assert t["zero"] in {0, 1, 2, 3} and t["recompute"] in {"none", "selective", "full", "op"}
+    assert (
+        t["recompute"] != "op"
+        or "selective_ac_option = 'op'" in r["assumed"]["recompute"]
+        or ("per op SAC" in r["assumed"]["recompute"])
+    ), "torchtitan's per-op AC: quote where the source says so"
     assert t["dtype"] in {"fp16", "bf16"}
     assert t.get("elementwise", "fused") in {"fused", "eager"}
+    # every row says whether it trained with dropout and in which dtype it reduced its gradients, and why
+    assert isinstance(m["dropout"], bool) and r["assumed"]["dropout"]
+    assert "bucket_mb" not in t or (t["bucket_mb"] > 0 and r["assumed"]["bucket_mb"])
+    assert t["grad_dtype"] in {"fp32", t["dtype"]} and r["assumed"]["grad_dtype"].startswith(t["grad_dtype"])
     if r["source"] == "torchtitan":  # eager or compiled: each torchtitan row says which, and from where
         assert "compile" in r["assumed"]["elementwise"], "quote what the source says of torch.compile"
     assert s["cluster"] in CLUSTERS
@@ -142,10 +151,12 @@ def test_contract_command() -> None:
     out = Path("plan.json")
     assert bench().command(row("dgxc-llama3.1-70b-64gpu"), out) == [
         "plan", "--model", "transformer", "--layers", "80", "--hidden", "8192", "--heads", "64",
-        "--kv-heads", "8", "--ffn-hidden", "28672", "--mlp", "swiglu", "--seq", "8192", "--vocab", "128256",
+        "--kv-heads", "8", "--ffn-hidden", "28672", "--mlp", "swiglu", "--no-dropout", "--seq", "8192",
+        "--vocab", "128256",
         "--global-batch", "128", "--micro-batch", "1", "--tp", "4", "--pp", "4", "--cp", "2",
-        "--virtual-stages", "5", "--sequence-parallel", "--zero", "2", "--overlap", "--nodes", "8",
-        "--cluster", "dgx-h100", "--dtype", "bf16", "--recompute", "none", "--json", "plan.json",
+        "--virtual-stages", "5", "--sequence-parallel", "--zero", "2", "--overlap", "--grad-dtype", "bf16",
+        "--nodes", "8", "--cluster", "dgx-h100", "--dtype", "bf16", "--recompute", "none",
+        "--json", "plan.json",
     ]  # fmt: skip
     # defaults are left out, so a GPT row runs on a planner without the new options
     gpt = bench().command(row("mt-nlg-530b-2240gpu"), out)
@@ -153,6 +164,12 @@ def test_contract_command() -> None:
     assert gpt[gpt.index("--nodes") + 1] == "280" and "--sequence-parallel" not in gpt
     assert "--no-flash-attention" in gpt and "--overlap" not in gpt  # MT-NLG: 2021, no overlap
     assert "--elementwise" not in gpt  # fused, the default
+    assert "--grad-dtype" not in gpt  # fp16 under --dtype fp16, the default
+    assert "--no-dropout" not in gpt and "--no-dropout" in bench().command(row("llama3-405b-8192gpu"), out)
+    # Megatron-Core's default bucket, max(40M, 1M x dp) fp32 gradients: dp 48 -> 48M x 4 bytes
+    megatron = bench().command(row("megatron-h100-gpt-32b"), out)
+    assert megatron[megatron.index("--bucket-mb") + 1] == "183.1" and "--bucket-mb" not in gpt
+    assert "--grad-dtype" not in bench().command(row("llama3-405b-8192gpu"), out)  # fp32 under bf16
     eager, compiled = (
         bench().command(row(f"torchtitan-h100-llama3.1-8b-8gpu{x}"), out) for x in ("", "-compile")
     )

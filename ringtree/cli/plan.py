@@ -40,6 +40,13 @@ def plan(
     mlp: str | None = typer.Option(
         None, help="MLP: gelu (two h x F matrices) or swiglu (three).", rich_help_panel="Model"
     ),
+    dropout: bool | None = typer.Option(
+        None,
+        "--dropout/--no-dropout",
+        help="Dropout masks stored for the backward (default: GPT shapes yes, as Megatron-LM's 0.1; "
+        "the Llama 3 presets no).",
+        rich_help_panel="Model",
+    ),
     pp: int = typer.Option(
         1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel="Layout"
     ),
@@ -93,9 +100,17 @@ def plan(
         None, help="Transformer model: sequences per micro-batch (1).", rich_help_panel="Layout"
     ),
     dtype: str = typer.Option("bf16", help="Transformer model: fp16 or bf16.", rich_help_panel="Layout"),
+    grad_dtype: str | None = typer.Option(
+        None,
+        help="Gradient dtype, accumulated and reduced over DP: fp32, bf16 or fp16. Default fp32 (a "
+        "transformer under --dtype fp16: fp16); bf16 runs reduce in fp32 in Megatron-LM, torchtitan, "
+        "NeMo's distributed Adam and Llama 3 unless told otherwise.",
+        rich_help_panel="Layout",
+    ),
     recompute: str | None = typer.Option(
         None,
-        help="Transformer model: activation recompute none (default)|selective|full.",
+        help="Transformer model: activation recompute none (default)|selective|full|op (op: torchtitan's "
+        "per-op selective AC, every second matmul and the elementwise ops rerun).",
         rich_help_panel="Layout",
     ),
     search: bool = typer.Option(
@@ -135,9 +150,6 @@ def plan(
         None,
         help="pkg.mod:factory returning a torch.nn.Module to count.",
         rich_help_panel="Data-parallel planner",
-    ),
-    grad_dtype: str = typer.Option(
-        "fp32", help="Gradient dtype: fp32, fp16 or bf16.", rich_help_panel="Data-parallel planner"
     ),
     compute_time: float | None = typer.Option(
         None,
@@ -207,7 +219,8 @@ def plan(
     check_output(plot, "--plot")
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(
-        x is not None for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp)
+        x is not None
+        for x in (layers, hidden, heads, seq, vocab, global_batch, kv_heads, ffn_hidden, mlp, dropout)
     )
     parallel_given = (
         cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
@@ -222,7 +235,7 @@ def plan(
                  "--bucket-mb": None if bucket_mb == 25.0 else bucket_mb, "--compression": compression,
                  "--accumulate": None if accumulate == 1 else accumulate, "--tp": None if tp == 1 else tp,
                  "--batch-size": None if batch_size == 32 else batch_size, "--pp": None if pp == 1 else pp,
-                 "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype, "--shape": shape,
+                 "--grad-dtype": grad_dtype, "--shape": shape,
                  "--plot": plot, "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []
@@ -235,11 +248,10 @@ def plan(
         _refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
     if transformer:
         dims = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab,
-                "kv_heads": kv_heads, "ffn_hidden": ffn_hidden, "mlp": mlp}  # fmt: skip
+                "kv_heads": kv_heads, "ffn_hidden": ffn_hidden, "mlp": mlp, "dropout": dropout}  # fmt: skip
         legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot,
                   "--shape": shape, "--accumulate": None if accumulate == 1 else accumulate,
-                  "--batch-size": None if batch_size == 32 else batch_size,
-                  "--grad-dtype": None if grad_dtype == "fp32" else grad_dtype}  # fmt: skip
+                  "--batch-size": None if batch_size == 32 else batch_size}  # fmt: skip
         chosen = {"--tp": tp > 1, "--pp": pp > 1, "--cp": cp > 1, "--virtual-stages": virtual_stages > 1,
                   "--sequence-parallel": sequence_parallel, "--zero": zero > 0,
                   "--micro-batch": micro_batch is not None}  # fmt: skip
@@ -257,7 +269,7 @@ def plan(
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
                   "flash_attention": flash_attention, "attention_kernel": attention_kernel,
-                  "elementwise": elementwise}  # fmt: skip
+                  "elementwise": elementwise, "grad_dtype": grad_dtype}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -267,7 +279,7 @@ def plan(
         seconds = _compute_time(compute_time, measure, module, input_shape)
         cluster = links.cluster()
         config = StepConfig(
-            count, seconds, grad_dtype, compression, overlap, bucket_mb, accumulate, batch_size
+            count, seconds, grad_dtype or "fp32", compression, overlap, bucket_mb, accumulate, batch_size
         )
         if algorithm not in ("auto", *ALGORITHMS, "native"):
             raise ValueError(
@@ -596,7 +608,7 @@ def _transformer(
     from ringtree.sim.predictor import default_algorithm, plan
     from ringtree.sim.search import search as search_layouts
     from ringtree.sim.search import why
-    from ringtree.sim.transformer import RECOMPUTE
+    from ringtree.sim.transformer import RECOMPUTE, SEARCHED
 
     try:
         unused = [k for k, v in legacy.items() if v is not None]
@@ -613,8 +625,10 @@ def _transformer(
         if search:
             if recompute is not None and recompute not in RECOMPUTE:
                 raise ValueError(f"unknown --recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
-            modes = RECOMPUTE if recompute is None else (recompute,)
-            found = search_layouts(shape, global_batch, cluster, gpu, dtype, modes, chosen)
+            modes = SEARCHED if recompute is None else (recompute,)
+            found = search_layouts(
+                shape, global_batch, cluster, gpu, dtype, modes, chosen, layout["grad_dtype"]
+            )
             rows = found.rows
             if not rows:
                 raise ValueError(
@@ -626,6 +640,7 @@ def _transformer(
                 global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
                 layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
+                layout["grad_dtype"],
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

@@ -8,6 +8,14 @@ chunk's, as Llama 3 balanced its pipeline ("we reduce one Transformer layer each
 the last stages ... the first model chunk on the first stage has only the embedding", Dubey et al.
 2024, section 3.3.2; Megatron-Core's --account-for-embedding-in-pipeline-split and
 --account-for-loss-in-pipeline-split).
+
+The gradient dtype (`grad_dtype`) is what the backward accumulates gradients into and what the data-
+parallel reduction moves. Left unset it is fp32 under bf16, as the field's frameworks run bf16:
+Megatron-LM forces it ("bfloat16 requires gradient accumulation and all-reduce to be done in fp32",
+megatron/training/arguments.py), torchtitan's FSDP2 reduces in `mixed_precision_reduce = "float32"`,
+Apex's DistributedFusedAdam (NeMo's `distributed_fused_adam`) syncs in its fp32 state dtype unless
+`grad_sync_dtype` says otherwise, and Llama 3 reduce-scatters in FP32 (Dubey et al. 2024, section
+3.3.2); under fp16 it is fp16, Megatron-LM's default there (loss scaling keeps fp16 sums in range).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from ringtree.sim.plan import Layout
 from ringtree.sim.transformer import RECOMPUTE, Transformer
 
 ATTENTION_KERNELS = ("fused", "flash2")
+GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,9 @@ class Training:
     # hand-fused kernels run it (Megatron-LM, NeMo, MaxText); "eager", one kernel per PyTorch op
     # through HBM, as torchtitan runs without torch.compile (ringtree.sim.eager)
     elementwise: str = "fused"
+    # gradient accumulation and data-parallel reduction: fp32, bf16 or fp16; None: fp32 under bf16,
+    # fp16 under fp16 (the module's docstring says whose defaults these are)
+    grad_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -69,6 +81,13 @@ class Training:
             )
         if self.elementwise not in ELEMENTWISE:
             raise ValueError(f"unknown --elementwise {self.elementwise!r}; choose {' or '.join(ELEMENTWISE)}")
+        if self.grad_dtype is not None and self.grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"unknown --grad-dtype {self.grad_dtype!r}; choose fp32, bf16 or fp16")
+        if self.grad_dtype in ("bf16", "fp16") and self.grad_dtype != self.dtype:
+            raise ValueError(
+                f"--grad-dtype {self.grad_dtype} does not match --dtype {self.dtype}: 16-bit gradients "
+                f"take the training dtype; choose --grad-dtype {self.dtype} or fp32"
+            )
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
         if self.sequence_parallel and self.tp == 1:
@@ -78,6 +97,16 @@ class Training:
                 f"--virtual-stages {self.virtual_stages} interleaves a 1F1B pipeline: add --pp 2 or more "
                 "(schedule 1f1b) or drop it"
             )
+
+    @property
+    def gradients(self) -> str:
+        """The gradient dtype, the default resolved: fp32 under bf16, fp16 under fp16."""
+        return self.grad_dtype or ("fp32" if self.dtype == "bf16" else "fp16")
+
+    @property
+    def grad_itemsize(self) -> int:
+        """Bytes of one gradient element, in the buffers and in the data-parallel reduction."""
+        return GRAD_DTYPES[self.gradients]
 
     @property
     def layout(self) -> Layout:

@@ -1,18 +1,27 @@
 """Bytes per GPU on every pipeline stage: weights, gradients and optimizer states, and activations.
 
-States (mixed precision with Adam, ZeRO's accounting): 2 bytes of weights, 2 of gradients, 12 of
-optimizer (fp32 master weights and two moments) per parameter. ZeRO shards them over the dp x cp
-ranks that hold the same weights: 1 the optimizer's 12, 2 the gradients too, 3 the weights too (and
-holds two gathered layers, the one computing and the one prefetched).
+States (mixed precision with Adam, ZeRO's accounting): 2 bytes of weights, the gradients in the run's
+gradient dtype (4 bytes in fp32, as Megatron-LM's distributed optimizer counts bf16 training: "bf16
+param, fp32 grads: 6 + 12/d" bytes per parameter, Megatron-LM README, "Distributed Optimizer"; 2 in 16
+bits), 12 of optimizer (fp32 master weights and two moments) per parameter. ZeRO shards them over the
+dp x cp ranks that hold the same weights: 1 the optimizer's 12, 2 the gradients too, 3 the weights
+too (and holds two gathered layers, the one computing and the one prefetched). Under ZeRO-3 the
+sharded states are 16 bytes a parameter whatever the gradient dtype: FSDP2 keeps the sharded
+parameter in fp32 (it is the master: 4), its sharded gradient in the parameter's dtype (4: the
+reduce-scatter's output cast up) and two moments (8); DeepSpeed's ZeRO-3 2 + 2 + 12.
 
 Activations per layer and micro-batch, 16 bits (Korthikanti et al. 2022, table 2, with flash
-attention, which stores no s x s scores): the replicated part 10 s b h (norm inputs, matmul inputs,
-dropout masks), divided by t with sequence parallelism; the TP-split part (4 + 4 k/a) s b h / t for
-Q, K, V and the attention output, and 4 s b F / t (GeLU) or 6 s b F / t (SwiGLU) for the MLP; with
-CP each rank holds s / c of the sequence. Without flash attention (Megatron-LM 2021) a layer also
-stores its scores, softmax and dropout mask, 5 a s^2 b / t, unless recompute rebuilds them. `full`
+attention, which stores no s x s scores): the replicated part 10 s b h (norm inputs 4, the inputs of
+the QKV and first MLP matmuls 4, the two dropout masks 1 byte each: 8 without dropout, as Llama
+trains), divided by t with sequence parallelism; the TP-split part (4 + 4 k/a) s b h / t for Q, K, V
+and the attention output, and 4 s b F / t (GeLU) or 6 s b F / t (SwiGLU) for the MLP; with CP each
+rank holds s / c of the sequence. Without flash attention (Megatron-LM 2021) a layer also stores its
+softmax output, dropout mask and dropout output, 5 a s^2 b / t (2 a s^2 b without dropout: the
+softmax output alone), unless recompute rebuilds them. `full`
 recompute keeps each layer's input (2 s b h, / t with SP) and rebuilds one layer at a time;
-`selective` stores what flash attention stores.
+`selective` stores what flash attention stores; `op` (torchtitan's per-op selective AC) keeps the
+layer's input, the outputs of the matmuls it does not rerun, the attention's output and log-sum-exp
+and the reduce-scatters' outputs, and rebuilds one layer at a time.
 Under 1F1B stage j holds min(m, p - j) micro-batches; interleaved with V chunks, its chunks of
 l / (p V) layers in flight are min(m V, 2 (p - j - 1) + (V - 1) p + 1) (Megatron-LM's warm-up).
 The first stage holds the embedding, the last the output matrix and the fp32 logits.
@@ -27,7 +36,7 @@ from ringtree.sim.clusters import GPU
 from ringtree.sim.layout import Training
 from ringtree.sim.transformer import Transformer
 
-WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12  # GRAD_BYTES: ZeRO-3's (see above); else the run's
 GiB = 1 << 30
 
 
@@ -38,11 +47,28 @@ def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str
     shared = sbh / t if run.sequence_parallel else float(sbh)
     if (recompute or run.recompute) == "full":
         return 2.0 * shared
+    if (recompute or run.recompute) == "op":
+        return 2.0 * shared + _op_saved(model, run, sbh)
     attention = (4 + 4 * model.kv_hidden / model.hidden) * sbh / t
-    if not run.flash_attention and (recompute or run.recompute) == "none":  # scores, softmax, dropout
-        attention += 5 * model.heads * model.seq * model.seq // c * run.micro_batch / t
+    if not run.flash_attention and (recompute or run.recompute) == "none":  # softmax (and dropout)
+        scores = 5 if model.dropout else 2
+        attention += scores * model.heads * model.seq * model.seq // c * run.micro_batch / t
     mlp = (6 if model.mlp == "swiglu" else 4) * sbh * model.ffn_hidden / model.hidden / t
-    return 10 * shared + attention + mlp
+    return (10 if model.dropout else 8) * shared + attention + mlp
+
+
+def _op_saved(model: Transformer, run: Training, sbh: int) -> float:
+    """What torchtitan's per-op selective AC saves of a layer besides its input ("Saves output of all
+    compute ops, except every second mm": its _save_list holds mm, the SDPA kernels and
+    reduce_scatter_tensor): the 1st, 3rd, 5th (and 7th) matmuls' outputs (Q, V, w1 and w2; the
+    row-parallel w2's partial sums are full width before their reduction), the attention's output
+    and fp32 log-sum-exp, and with sequence parallelism the two reduce-scatters' outputs."""
+    t, tokens = run.tp, sbh / model.hidden
+    shapes = model.matmul_shapes()
+    rows = {3, len(shapes) - 1}  # the output and down projections: row-parallel
+    widths = sum(n if i in rows else n / t for i, (_, n) in enumerate(shapes) if i % 2 == 0)
+    saved = 2 * tokens * widths + 2 * sbh / t + 4 * tokens * model.heads / t
+    return saved + (4 * sbh / t if t > 1 and run.sequence_parallel else 0.0)
 
 
 def stage_layers(layers: int, p: int) -> tuple[int, ...]:
@@ -68,7 +94,7 @@ def states_bytes(params: float, run: Training, shard: int) -> float:
     """Weights, gradients and optimizer states of `params` parameters under the run's ZeRO stage."""
     z = run.zero
     weights = WEIGHT_BYTES / (shard if z >= 3 else 1)
-    grads = GRAD_BYTES / (shard if z >= 2 else 1)
+    grads = (GRAD_BYTES if z >= 3 else run.grad_itemsize) / (shard if z >= 2 else 1)
     optimizer = OPTIMIZER_BYTES / (shard if z >= 1 else 1)
     return params * (weights + grads + optimizer)
 
@@ -101,7 +127,7 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
         if run.zero >= 3:
             states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
         acts = in_flight(run, m, j) * n * layer
-        if run.recompute == "full":
+        if run.recompute in ("full", "op"):
             acts += activation_bytes_per_layer(model, run, "none")  # the layer being rebuilt
         if j == p - 1:  # the logits and their gradient, fp32 for the loss
             acts += 4 * tokens * model.vocab / t

@@ -186,7 +186,7 @@ class StepWork:
     backward_s: float
     micro_batches: int
     grad_bytes: int  # this device's gradients (its 1/(tp pp) of the model)
-    itemsize: int
+    itemsize: int  # of one gradient element, as the data-parallel reduction moves it
     bucket_mb: float = 25.0
     overlap: bool = False
     samples: int = 0  # samples per step, all devices
@@ -206,6 +206,14 @@ class StepWork:
     # every stage is forward_s / backward_s, which are otherwise the slowest stage's
     stage_forward_s: tuple[float, ...] = ()
     stage_backward_s: tuple[float, ...] = ()
+    # of one parameter element as ZeRO's all-gathers move it (16-bit weights beside fp32 gradients);
+    # 0: the gradients' itemsize
+    param_itemsize: int = 0
+
+    @property
+    def param_bytes(self) -> int:
+        """This device's parameters as ZeRO all-gathers them: its gradients' elements, in their dtype."""
+        return self.grad_bytes // self.itemsize * (self.param_itemsize or self.itemsize)
 
 
 @dataclass(frozen=True)
@@ -472,7 +480,8 @@ def _zero3_gathers(work: StepWork, layout: Layout, group: Cluster, algorithm: st
     behind the previous layer's compute (FSDP): per micro-batch, the part compute does not hide."""
     if layout.zero < 3 or not work.layers:
         return 0.0, 0.0
-    one = collective_s("all_gather", algorithm, group, int(work.grad_bytes / work.layers), work.itemsize)
+    size = work.param_itemsize or work.itemsize
+    one = collective_s("all_gather", algorithm, group, int(work.param_bytes / work.layers), size)
     per_f, per_b = work.forward_s / work.layers, work.backward_s / work.layers
     return work.layers * max(0.0, one - per_f), work.layers * max(0.0, one - per_b)
 
@@ -484,10 +493,9 @@ def _zero_param_gather_s(
     --overlap-param-gather) behind the next step's forwards, else exposed."""
     if layout.zero not in (1, 2):
         return 0.0
-    sizes = _sizes(work)
-    total = sum(
-        collective_s("all_gather", algorithm, group, n, work.itemsize) * sizes.count(n) for n in set(sizes)
-    )
+    size = work.param_itemsize or work.itemsize
+    sizes = buckets(work.param_bytes, size, work.bucket_mb)
+    total = sum(collective_s("all_gather", algorithm, group, n, size) * sizes.count(n) for n in set(sizes))
     return max(0.0, total - hidden_behind_s) if work.overlap else total
 
 

@@ -18,7 +18,7 @@ from ringtree.sim.memory import activation_bytes_per_layer, memory, stage_layers
 from ringtree.sim.plan import StepPrediction, StepWork, predict
 from ringtree.sim.transformer import Transformer
 
-ITEMSIZE = 2  # 16-bit activations, gradients and collectives
+ITEMSIZE = 2  # 16-bit weights, activations and their collectives (gradients: the run's grad_itemsize)
 
 
 def default_algorithm(cluster: Cluster) -> str:
@@ -41,8 +41,34 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
         other_back = 2 * other
     forward = mats + attention + other
     backward = 2 * mats + other_back + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
-    redo = {"none": 0.0, "selective": attention, "full": forward}[run.recompute]
+    redo = {"none": 0.0, "selective": attention, "full": forward, "op": 0.0}[run.recompute]
+    if run.recompute == "op":  # every second matmul and every elementwise op, the attention saved
+        redo = other + _op_matmuls_s(model, tokens, run, gpu)
     return forward, backward + redo, attention
+
+
+def _op_matmuls_s(model: Transformer, tokens: int, run: Training, gpu: GPU) -> float:
+    """The matmuls per-op selective AC reruns (`Transformer.op_recomputed`) on one TP rank: the
+    output projection and the MLP's down projection split their input over TP (row-parallel), the
+    others their output (column-parallel)."""
+    shapes, t = model.matmul_shapes(), run.tp
+    rows = {3, len(shapes) - 1}
+    return sum(
+        compute.gemm_s(tokens, n if i in rows else n // t, k // t if i in rows else k, gpu, run.dtype)
+        for i, (k, n) in enumerate(shapes)
+        if i % 2 == 1
+    )
+
+
+def _tp_rerun(run: Training) -> int:
+    """TP collectives (in all-reduces' worth) a layer's recompute runs again: `full` its forward's
+    two; `op` the collectives whose outputs torchtitan does not save (it saves reduce-scatters):
+    with sequence parallelism the two all-gathers (one all-reduce's worth), else the two all-reduces."""
+    if run.recompute == "full":
+        return 2
+    if run.recompute == "op":
+        return 1 if run.sequence_parallel else 2
+    return 0
 
 
 def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
@@ -63,14 +89,15 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         forward_s=fs[k],
         backward_s=bs[k],
         micro_batches=m,
-        grad_bytes=int(stage_params) * ITEMSIZE,
-        itemsize=ITEMSIZE,
+        grad_bytes=int(stage_params) * run.grad_itemsize,
+        itemsize=run.grad_itemsize,
+        param_itemsize=ITEMSIZE,
         bucket_mb=run.bucket_mb,
         overlap=run.overlap,
         samples=run.global_batch,
         tp_bytes=tokens * model.hidden * ITEMSIZE,
         tp_forward=round(2 * layers),
-        tp_backward=round((4 if run.recompute == "full" else 2) * layers),
+        tp_backward=round((2 + _tp_rerun(run)) * layers),
         activation_bytes=tokens * model.hidden * ITEMSIZE // t,  # scatter-gather over the TP ranks
         flops=model.model_flops(run.global_batch),
         peak_flops=gpu.peak(run.dtype),

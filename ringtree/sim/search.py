@@ -22,7 +22,7 @@ from ringtree.sim.layout import Training, check
 from ringtree.sim.memory import fits
 from ringtree.sim.plan import StepPrediction, predict
 from ringtree.sim.predictor import default_algorithm, plan, work
-from ringtree.sim.transformer import RECOMPUTE, Transformer
+from ringtree.sim.transformer import SEARCHED, Transformer
 
 REPLAYED = 30  # layouts re-priced with the replayed pipeline after the closed-form pass
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -45,7 +45,12 @@ def _degrees(model: Transformer, cluster: Cluster) -> Iterator[tuple[int, int, i
 
 
 def candidates(
-    model: Transformer, global_batch: int, cluster: Cluster, dtype: str, recompute: tuple[str, ...]
+    model: Transformer,
+    global_batch: int,
+    cluster: Cluster,
+    dtype: str,
+    recompute: tuple[str, ...],
+    grad_dtype: str | None = None,
 ) -> Iterator[list[Training]]:
     """Every layout the model and the GPU count allow, memory not yet checked, in groups that differ
     only in the ZeRO stage (0 to 3: each slower or as fast, and smaller)."""
@@ -61,7 +66,12 @@ def candidates(
             if v > 1 and (global_batch // (dp * b)) % p:
                 continue
             stages = (0, 1, 2, 3) if dp * c > 1 else (0,)  # nothing to shard over a single rank
-            yield [Training(global_batch, b, t, p, dtype, r, True, 25.0, "1f1b", c, v, sp, z) for z in stages]
+            yield [
+                Training(
+                    global_batch, b, t, p, dtype, r, True, 25.0, "1f1b", c, v, sp, z, grad_dtype=grad_dtype
+                )
+                for z in stages
+            ]
 
 
 @dataclass(frozen=True)
@@ -78,14 +88,15 @@ def search(
     cluster: Cluster,
     gpu: GPU,
     dtype: str = "bf16",
-    recompute: tuple[str, ...] = RECOMPUTE,
+    recompute: tuple[str, ...] = SEARCHED,
     algorithm: str = "auto",
+    grad_dtype: str | None = None,
 ) -> Found:
     """The fastest layouts that fit in memory, each with the least ZeRO sharding it needs
     (gradient reduction overlapped, as today's runs do); "auto" prices as `ringtree plan` does."""
     algorithm = default_algorithm(cluster) if algorithm == "auto" else algorithm
     rough = []
-    for group in candidates(model, global_batch, cluster, dtype, recompute):
+    for group in candidates(model, global_batch, cluster, dtype, recompute, grad_dtype):
         dp = check(model, group[0], cluster.ranks)
         m = group[0].micro_batches(dp)
         run = next((r for r in group if fits(model, r, m, dp, gpu)), None)

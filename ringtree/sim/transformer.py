@@ -5,7 +5,9 @@ Using Megatron-LM", section 5.1), generalised to grouped-query attention and Swi
 forward is 2 x (its matmul weights) per token plus 4 s h per token for the attention scores and
 their product with V; the logits are 2 h V per token. With multi-head attention and a 4h GeLU MLP
 this is their 24 B s h^2 + 4 B s^2 h. A backward is twice its forward; `full` recompute runs every
-layer's forward again in the backward, `selective` only the attention core (Korthikanti et al. 2022).
+layer's forward again in the backward, `selective` only the attention core (Korthikanti et al. 2022),
+`op` (torchtitan's per-op selective activation checkpointing) every second matmul of the layer and
+its elementwise ops, the attention core saved.
 Indices: l layers, h hidden, a heads, k kv heads, d = h / a head size, F MLP width, s sequence,
 V vocabulary.
 """
@@ -16,7 +18,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
+SEARCHED = RECOMPUTE[:3]  # what `plan --search` tries: Megatron-LM's three
 MLPS = ("gelu", "swiglu")
 
 
@@ -34,6 +37,11 @@ class Transformer:
     mlp: str = "gelu"  # gelu: two h x F matrices; swiglu: three
     tied_embeddings: bool = True  # GPT ties the logits to the input embedding; Llama 3 does not
     learned_positions: bool = True  # GPT learns s x h position embeddings; Llama uses RoPE
+    # dropout after attention and after the MLP (and on the attention probabilities): GPT trains
+    # with it (Megatron-LM's --hidden-dropout and --attention-dropout default 0.1), storing its masks
+    # for the backward; Llama trains without (a dropout of 0 stores nothing: torch's dropout returns
+    # its input when p = 0)
+    dropout: bool = True
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -99,10 +107,26 @@ class Transformer:
     def logit_flops(self, tokens: int) -> float:
         return 2.0 * tokens * self.hidden * self.vocab
 
+    def matmul_shapes(self) -> list[tuple[int, int]]:
+        """The layer's matmuls (input width, output width) in the order its forward runs them, as
+        torchtitan's Llama does: Q, K, V, the output projection, then the MLP's up (w1), gate (w3)
+        and down (w2), or GeLU's two."""
+        h, kv, f = self.hidden, self.kv_hidden, self.ffn_hidden
+        mlp = [(h, f), (h, f), (f, h)] if self.mlp == "swiglu" else [(h, f), (f, h)]
+        return [(h, h), (h, kv), (h, kv), (h, h), *mlp]
+
+    def op_recomputed(self) -> list[tuple[int, int]]:
+        """The matmuls torchtitan's per-op selective AC reruns in the backward: "Saves output of all
+        compute ops, except every second mm" (its _custom_policy, counting the mm ops of one
+        transformer block): the 2nd, 4th and 6th (K, the output projection, w3)."""
+        return self.matmul_shapes()[1::2]
+
     def recompute_flops(self, tokens: int, recompute: str) -> float:
         """Extra forward FLOPs per layer in the backward."""
         if recompute == "full":
             return self.layer_flops(tokens)
+        if recompute == "op":
+            return 2.0 * tokens * sum(k * n for k, n in self.op_recomputed())
         return self.attention_flops(tokens) if recompute == "selective" else 0.0
 
     def step_flops(self, samples: int, recompute: str = "none") -> float:
@@ -118,8 +142,8 @@ class Transformer:
 
 def _llama3(layers: int, hidden: int, heads: int, ffn: int) -> Transformer:
     """Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", table 3): 8 KV heads, SwiGLU,
-    vocabulary 128,256, untied output matrix, RoPE; pre-training sequence 8,192."""
-    return Transformer(layers, hidden, heads, 8192, 128_256, 8, ffn, "swiglu", False, False)
+    vocabulary 128,256, untied output matrix, RoPE, no dropout; pre-training sequence 8,192."""
+    return Transformer(layers, hidden, heads, 8192, 128_256, 8, ffn, "swiglu", False, False, False)
 
 
 # name: the model's shape, from its paper or released config.
@@ -136,7 +160,7 @@ MODELS: dict[str, Transformer] = {
 }
 
 
-def with_dims(base: Transformer, **dims: int | str) -> Transformer:
+def with_dims(base: Transformer, **dims: int | str | bool) -> Transformer:
     """`base` with the named dimensions replaced (kv heads and MLP width re-derived unless named)."""
     if "hidden" in dims and "ffn_hidden" not in dims and base.ffn_hidden == 4 * base.hidden:
         dims["ffn_hidden"] = 0
