@@ -247,7 +247,7 @@ SHORT = {
     "nemo-megatron-2022": "NeMo-Megatron launcher",
     "nemo-megatron-2022-07": "NeMo-Megatron launcher", "megatron-readme-2024": "Megatron-LM README",
     "torchtitan": "torchtitan", "bloom": "BLOOM", "mt-nlg": "MT-NLG", "llama3-paper": "Llama 3",
-    "korthikanti-2022": "Korthikanti",
+    "korthikanti-2022": "Korthikanti", "llm-foundry-benchmarks": "LLM Foundry",
 }  # fmt: skip
 
 

@@ -108,6 +108,25 @@ def test_published_step_times_match_published_throughputs() -> None:
     assert checked >= 10
 
 
+def test_llm_foundry_throughputs_match_their_mfu_and_per_gpu_columns() -> None:
+    """A transcription check of every LLM Foundry row: its T/s is its T/s/GPU x GPUs, and gives the
+    MFU column by the README's own formula, (3 x 2 N s + 3 x 4 l h s^2) x samples/s / (GPUs x peak),
+    with N its NumParams and the peak 989 (H100) or 312 (A100) TFLOP/s."""
+    checked = 0
+    for r in rows():
+        if r["source"] != "llm-foundry-benchmarks":
+            continue
+        m, also, gpus = r["model"], r["also_published"], r["system"]["gpus"]
+        tokens_per_s = r["measured"]["value"]
+        assert tokens_per_s == pytest.approx(also["tokens_per_s_per_gpu"] * gpus, rel=0.01), r["id"]
+        s = m["seq"]
+        per_sample = 3 * 2 * also["num_params"] * s + 3 * 4 * m["layers"] * m["hidden"] * s * s
+        peak = 989e12 if r["system"]["gpu"].startswith("H100") else 312e12
+        assert per_sample * tokens_per_s / s / (gpus * peak) == pytest.approx(also["mfu"], rel=0.01), r["id"]
+        checked += 1
+    assert checked == 31
+
+
 def test_megatron_table_tflops_match_its_mfu_column() -> None:
     """Megatron-LM's table: per-GPU TFLOP/s / 989 is the MFU column (rounded to 1%)."""
     table = [
