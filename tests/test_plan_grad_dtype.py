@@ -80,7 +80,7 @@ def test_cli_grad_dtype_moves_the_reduction_and_the_memory(tmp_path: Path) -> No
         assert result.exit_code == 0, result.output
         plans[dtype] = json.loads(out.read_text())
     fp32, bf16, default = plans["fp32"], plans["bf16"], plans[None]
-    assert default["step_s"] == fp32["step_s"] and default["details"]["training"]["grad_dtype"] is None
+    assert default["step_s"] == fp32["step_s"] and default["details"]["training"]["grad_dtype"] == "fp32"
     assert fp32["dp_allreduce_s"] > 1.5 * bf16["dp_allreduce_s"]
     grown = fp32["memory"]["weights_grads_optimizer_GiB"] - bf16["memory"]["weights_grads_optimizer_GiB"]
     assert grown * 2**30 == pytest.approx(2 * 8.03e9, rel=0.01)  # 2 more bytes per parameter, unsharded

@@ -125,7 +125,7 @@ def plan(
     details = {
         "model": dataclasses.asdict(model),
         "params": model.params,
-        "training": dataclasses.asdict(run),
+        "training": {**dataclasses.asdict(run), "grad_dtype": run.gradients},  # the default resolved
         "gpu": gpu.name,
         "model_flops_per_step": w.flops,
     }
