@@ -188,10 +188,10 @@ def non_neighbour_dies(rank: int) -> str:
         assert bells is not None
         real, met = shm._Doorbells.sync, bells.epoch
 
-        def dying(self: shm._Doorbells, timeout: timedelta, peers: object = None) -> None:
+        def dying(self: shm._Doorbells, timeout: timedelta, *peers: object) -> None:
             if self.epoch > met:  # past the next call's first barrier (every rank)
                 os._exit(0)
-            real(self, timeout, peers)  # type: ignore[arg-type]
+            real(self, timeout, *peers)  # type: ignore[arg-type]
 
         shm._Doorbells.sync = dying  # type: ignore[method-assign]
     return timed_ring_call(x)

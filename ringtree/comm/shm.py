@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, overload
 import torch
 import torch.distributed as dist
 
+from ringtree.comm import shm_flow
 from ringtree.comm.errors import CollectiveError
 from ringtree.comm.flight_recorder import default_store
 from ringtree.comm.reduce_ops import COMBINE_INTO, Combine, CombineInto
@@ -99,7 +100,11 @@ def execute(
     with group.lock:
         placed = group.in_place(plan, buf)
         if placed is not None:
-            _execute_in_place(placed, plan, into, group, timeout, what, schedule.num_steps)
+            flow = shm_flow.rounds(schedule, rank)
+            if flow is None:
+                _execute_in_place(placed, plan, into, group, timeout, what, schedule.num_steps)
+            else:
+                _flow_in_place(placed, plan, into, group, timeout, what, flow)
             return
         views = group.views(plan, rank, buf.numel() * buf.element_size(), buf.dtype, timeout)
         n = schedule.num_steps
@@ -178,6 +183,33 @@ def _execute_in_place(
             else:
                 mine.copy_(incoming)
         group.sync(timeout, what, t + 1, n, near)
+
+
+def _flow_in_place(
+    placed: _Placed,
+    plan: _Plan,
+    into: CombineInto,
+    group: _Group,
+    timeout: timedelta,
+    what: str,
+    flow: list[shm_flow.Round],
+) -> None:
+    """An in-place call with signals instead of barriers (`shm_flow`): before step t this rank
+    signals the ranks that read from it at step t and waits for those it reads from; at the end
+    it releases the ranks it read from and waits for its readers."""
+    n = len(flow) - 1
+    for t, (notify, wait) in enumerate(flow):
+        if notify or wait:
+            group.sync(timeout, what, t, n, notify, wait)
+        if t == n:
+            return
+        for (_, _, _, reduce), incoming, mine in zip(
+            plan.in_place[t], placed.reads[t], placed.own[t], strict=True
+        ):
+            if reduce:
+                into(mine, incoming, mine)
+            else:
+                mine.copy_(incoming)
 
 
 class _Placed(NamedTuple):
@@ -340,16 +372,21 @@ class _Doorbells:
         self.expected = [0] * len(pids)  # barriers met with each peer
         self.epoch = 0  # barriers this rank has entered, with any peers
 
-    def sync(self, timeout: timedelta, peers: tuple[int, ...] | None = None) -> None:
-        """Ring `peers` (every peer by default), then wait for each of them; a peer whose process
-        is gone fails the wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
+    def sync(
+        self, timeout: timedelta, peers: tuple[int, ...] | None = None, wait: tuple[int, ...] | None = None
+    ) -> None:
+        """Ring `peers` (every peer by default), then wait for `wait` (the same peers by default);
+        a peer whose process is gone fails the wait within LIVENESS_S, one that is alive but never
+        comes after `timeout`."""
         peers = self.peers if peers is None else peers
+        wait = peers if wait is None else wait
         self.epoch += 1
         for q in peers:
-            self.expected[q] += 1
             os.write(self.outboxes[q], self.token)
+        for q in wait:
+            self.expected[q] += 1
         deadline = time.monotonic() + timeout.total_seconds()
-        while late := [q for q in peers if self.rung[q] < self.expected[q]]:
+        while late := [q for q in wait if self.rung[q] < self.expected[q]]:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(
@@ -515,13 +552,20 @@ class _Group:
         return have[1]
 
     def sync(
-        self, timeout: timedelta, what: str, t: int, n: int, peers: tuple[int, ...] | None = None
+        self,
+        timeout: timedelta,
+        what: str,
+        t: int,
+        n: int,
+        peers: tuple[int, ...] | None = None,
+        wait: tuple[int, ...] | None = None,
     ) -> None:
-        """A barrier with `peers` (group ranks; every rank of the group by default)."""
+        """A barrier with `peers` (group ranks; every rank of the group by default), or, with
+        `wait`, a signal to `peers` and a wait for `wait`."""
         if self.bells is None:
             self.bells = _doorbells(self.pg, timeout)
         try:
-            self.bells.sync(timeout, peers)
+            self.bells.sync(timeout, peers, wait)
         except RuntimeError as e:
             raise CollectiveError(_failed(f"{what} at step {t}/{n}", e, timeout)) from e
 
