@@ -270,6 +270,8 @@ def in_place(rank: int, late_rank: int) -> list[str]:
     group = shm._group(_world(), _t())
     if not group.placed:
         failures.append("no call ran in place")
+    if (writes := _pipe_writes_of_a_ring_call(x)) != 7:  # 15 with a barrier after every step
+        failures.append(f"an in-place 4-rank ring call rang {writes} pipes, not 7")
     ddp = DistributedDataParallel(torch.nn.Linear(8, 4), bucket_cap_mb=1e-4)  # ring: shared buckets
     native = DistributedDataParallel(torch.nn.Linear(8, 4), algorithm="native")
     if not all(b.buffer.data_ptr() in group.arenas for b in ddp.buckets):
@@ -289,6 +291,22 @@ def in_place(rank: int, late_rank: int) -> list[str]:
         if any(base in group.arenas for base in kept):
             failures.append("a collected DDP's shared buckets are still registered")
     return failures
+
+
+def _pipe_writes_of_a_ring_call(x: torch.Tensor) -> int:
+    writes = []
+    real = os.write
+
+    def counted(fd: int, data: bytes) -> int:
+        writes.append(fd)
+        return real(fd, data)
+
+    os.write = counted  # type: ignore[assignment]
+    try:
+        comm.all_reduce(x, algorithm="ring", validate=False)
+    finally:
+        os.write = real  # type: ignore[assignment]
+    return len(writes)
 
 
 def _yields_per_step(ddp: DistributedDataParallel) -> int:
