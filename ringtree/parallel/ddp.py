@@ -8,10 +8,11 @@ the bucket (torch DDP's gradient_as_bucket_view, always on): the reduced values 
 with no copy back, and a gradient that autograd accumulates into an existing `.grad` (no_sync,
 zero_grad(set_to_none=False)) is already in its bucket. A bucket whose gradients are all in is
 launched at once, so its all-reduce overlaps the rest of backward. backward() returns only
-after every bucket is reduced; the buckets the comm thread has not started by then run on
-backward's own thread. When ringtree's schedules run over shared memory (every rank of the group
-on this host, CPU), the buckets live there and are reduced in place, and ranks yield their core
-at every gradient so that they reach each bucket together.
+after every bucket is reduced; the last bucket (ready only when backward's compute is done), and
+any the comm thread has not started by then, run on backward's own thread. When ringtree's
+schedules run over shared memory (every rank of the group on this host, CPU), the buckets live
+there and are reduced in place, and ranks yield their core at every gradient so that they reach
+each bucket together.
 """
 
 from __future__ import annotations
@@ -256,8 +257,11 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
             if self.compression is not None:
                 payload = payload.to(COMPRESSION[self.compression])
             self._payloads[bucket.index] = payload
+            # the last bucket completes backward's gradients: the end-of-backward callback, on
+            # this thread, runs it next, so handing it to the comm thread would only add a wake-up
+            last = self._next_bucket == len(self.buckets) - 1
             started = time.perf_counter()
-            self._launcher.launch(bucket.index, payload, validate=not self._validated, defer=defer)
+            self._launcher.launch(bucket.index, payload, validate=not self._validated, defer=defer or last)
             self._exposed_s += time.perf_counter() - started  # launching is exposed too
             self._next_bucket += 1
 
