@@ -7,6 +7,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -348,3 +349,31 @@ def full_dev_shm(rank: int) -> list[bool]:
 
 def test_a_full_dev_shm_on_one_rank_gives_private_buffers_on_every_rank() -> None:
     assert spawn(full_dev_shm, 2, timeout_s=60) == [[True, True, True]] * 2
+
+
+def waits_as_a_batch_thread(rank: int) -> tuple[list[int], int]:
+    """Rank 1 comes late: rank 0 sleeps in the barrier; which policy it sleeps under, and after."""
+    x = torch.ones(1 << 10)
+    comm.all_reduce(x, algorithm="ring")  # both ranks: the shared buffers and doorbells are set up
+    seen: list[int] = []
+    real = shm.select.select
+
+    def select(*args: Any) -> Any:
+        seen.append(os.sched_getscheduler(0))
+        return real(*args)
+
+    shm.select.select = select  # type: ignore[assignment]
+    if rank == 1:
+        time.sleep(0.3)
+    comm.all_reduce(x, algorithm="ring", validate=False)
+    shm.select.select = real  # type: ignore[assignment]
+    return seen, os.sched_getscheduler(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_a_rank_waits_for_its_peers_as_a_batch_thread() -> None:
+    """A woken waiter queues for the core rather than preempting the peer that woke it; the
+    thread's own policy is back once the call returns."""
+    seen, after = spawn(waits_as_a_batch_thread, 2, timeout_s=60)[0]
+    assert seen and all(policy == os.SCHED_BATCH for policy in seen)
+    assert after == os.SCHED_OTHER
