@@ -586,7 +586,10 @@ class _Group:
         if self.bells is None:
             self.bells = _doorbells(self.pg, timeout)
         try:
-            self.bells.sync(timeout, peers, wait)
+            if wait is None:
+                self.bells.sync(timeout, peers)
+            else:
+                self.bells.sync(timeout, peers, wait)
         except RuntimeError as e:
             raise CollectiveError(_failed(f"{what} at step {t}/{n}", e, timeout)) from e
 
