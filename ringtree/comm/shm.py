@@ -22,7 +22,11 @@ all-reduce do on CPUs. This module is that transport for ringtree's schedules:
   reads and writes the caller's tensor directly.
 - a tensor that already lives in shared memory on every rank (`shared_buffer`: DDP's buckets)
   is reduced where it lies: peers read its ranges in place, nothing is copied in or out, and
-  the barriers inside a call meet only the ranks that exchange data (a ring's two neighbours).
+  instead of barriers a rank signals the ranks that read from it and waits only for those it
+  reads from (`shm_flow`, where the schedule allows it: every all-reduce ringtree has; else
+  barriers among the ranks that exchange data).
+- a rank waiting for a peer sleeps as a batch thread: woken, it queues for the core instead of
+  preempting the rank that rang it.
 
 The schedule, the order of the reductions and so the result are exactly those of the
 point-to-point executor: only the transport differs. It serves CPU tensors on gloo, of any
