@@ -18,7 +18,7 @@ from ringtree import comm, schedules
 from ringtree.comm import shm
 from ringtree.comm.reduce_ops import COMBINE
 from ringtree.launch import spawn
-from ringtree.parallel import DistributedDataParallel
+from ringtree.parallel import DistributedDataParallel, placement
 from ringtree.schedules.base import Builder
 from ringtree.topology import Topology
 
@@ -273,7 +273,11 @@ def in_place(rank: int, late_rank: int) -> list[str]:
         failures.append("no call ran in place")
     if (writes := _pipe_writes_of_a_ring_call(x)) != 7:  # 15 with a barrier after every step
         failures.append(f"an in-place 4-rank ring call rang {writes} pipes, not 7")
+    allowed = os.sched_getaffinity(0)
     ddp = DistributedDataParallel(torch.nn.Linear(8, 4), bucket_cap_mb=1e-4)  # ring: shared buckets
+    core = placement.core_for(rank, p, allowed, os.cpu_count() or 1)  # 4 ranks on 2 cores: pinned
+    if os.sched_getaffinity(0) != (allowed if core is None else {core}):
+        failures.append(f"rank {rank} runs on {os.sched_getaffinity(0)}, expected core {core}")
     native = DistributedDataParallel(torch.nn.Linear(8, 4), algorithm="native")
     if not all(b.buffer.data_ptr() in group.arenas for b in ddp.buckets):
         failures.append("ring DDP buckets are not in shared memory")
@@ -284,6 +288,8 @@ def in_place(rank: int, late_rank: int) -> list[str]:
         failures.append(f"sched_yield calls per step (ring, native): {yields}")
     ddp.close()
     native.close()
+    if os.sched_getaffinity(0) != allowed:
+        failures.append("closing the DDP did not give the rank its cores back")
     kept = [b.buffer.data_ptr() for b in ddp.buckets]
     del ddp, native
     gc.collect()

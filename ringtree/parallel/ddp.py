@@ -33,6 +33,7 @@ from torch import nn
 
 from ringtree import comm
 from ringtree.comm import shm
+from ringtree.parallel import placement
 from ringtree.parallel.buckets import MB, Allocator, Bucket, build
 from ringtree.parallel.launcher import Launcher, Span, make_launcher
 from ringtree.parallel.replicas import broadcast_state
@@ -135,6 +136,8 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         # (4 ranks on 2 cores: exposed communication 11.5 -> 7 ms of a 35 ms step, step unchanged;
         # docs/benchmarks.md). sched_yield returns at once when nothing else waits for the core.
         self._yield = any(shm.is_shared(b.buffer) for b in self.buckets)
+        # ... and spread them evenly over its cores where they outnumber them (placement.py)
+        self._unpin = placement.spread() if self._yield else None
         self._register_hooks()
         self._sync_enabled = True  # False inside no_sync()
         self._expect_sync = False  # set by a forward outside no_sync, cleared when the sync ends
@@ -189,13 +192,19 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         self._finish()
 
     def close(self) -> None:
-        """Stop the communication thread (also done when the object is collected)."""
+        """Stop the communication thread and undo the ranks' placement (also done when the
+        object is collected)."""
         self._launcher.close()
+        unpin, self._unpin = self._unpin, None
+        if unpin is not None:
+            unpin()
 
     def __del__(self) -> None:
-        launcher = self.__dict__.get("_launcher")
+        launcher, unpin = self.__dict__.get("_launcher"), self.__dict__.get("_unpin")
         if launcher is not None:
             launcher.close()
+        if unpin is not None:
+            unpin()
 
     # -- backward: hooks fill buckets, the end-of-backward callback waits and writes back --------
 
