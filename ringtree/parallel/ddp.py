@@ -11,8 +11,9 @@ launched at once, so its all-reduce overlaps the rest of backward. backward() re
 after every bucket is reduced; the last bucket (ready only when backward's compute is done), and
 any the comm thread has not started by then, run on backward's own thread. When ringtree's
 schedules run over shared memory (every rank of the group on this host, CPU), the buckets live
-there and are reduced in place, and ranks yield their core at every gradient so that they reach
-each bucket together.
+there and are reduced in place, ranks yield their core at every gradient so that they reach
+each bucket together, and where the host's ranks outnumber its cores each is pinned to one of
+them while the wrapper lives (placement.py).
 """
 
 from __future__ import annotations
