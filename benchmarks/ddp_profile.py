@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ddp_profile.py --variant ring --steps 60
     .venv/bin/python benchmarks/ddp_profile.py --variant ring --steps 40 --timeline 2
+    .venv/bin/python benchmarks/ddp_profile.py --variant ring --steps 80 --split
     py-spy record --subprocesses -r 500 -f raw -o ring.txt -- \
         .venv/bin/python benchmarks/ddp_profile.py --variant ring --steps 60
 
@@ -12,7 +13,8 @@ step's start. `--timeline K` also prints the last K steps of every rank on one c
 the earliest rank's start of that step; time.perf_counter is the system's monotonic clock):
 forward done, backward's compute done (`compute`), each bucket's all-reduce (start, end), and
 when backward returned; the gap between the last bucket's end and backward's return is the
-wake-up of the training thread.
+wake-up of the training thread. `--split` splits each rank's exposure per step into its lead (how
+long before the last rank it finished backward's compute) and the tail after the last rank's.
 """
 
 from __future__ import annotations
@@ -98,6 +100,27 @@ def timeline(results: list[dict[str, Any]], k: int) -> None:
             print(f"  rank {rank}: {at} buckets {buckets}")
 
 
+def split(results: list[dict[str, Any]], skip: int) -> None:
+    """Each rank's exposure, per step, split into its lead (how long before the last rank it
+    finished backward's compute) and the tail (from the last rank's compute end to its return);
+    and where the last rank's last two buckets lie after its compute end."""
+    lead, tail, late = [], [], []
+    for s in range(skip, len(results[0]["rows"])):
+        rows = [r["rows"][s] for r in results]
+        last = max(row["compute"] for row in rows)
+        lead += [(last - row["compute"]) * 1e3 for row in rows]
+        tail += [(row["backward"] - last) * 1e3 for row in rows]
+        slowest = next(row for row in rows if row["compute"] == last)
+        late.append([(e - last) * 1e3 for _, _, e in slowest["buckets"][-2:]])
+        late[-1].append((slowest["buckets"][-1][2] - slowest["buckets"][-1][1]) * 1e3)
+    med, mean = statistics.median, statistics.fmean
+    print(f"lead (ms): median {med(lead):.1f} mean {mean(lead):.1f}", end="; ")
+    print(f"tail: median {med(tail):.1f} mean {mean(tail):.1f}")
+    b1, b2, took = (med(x) for x in zip(*late, strict=True))
+    print(f"last rank, ms after its compute end: next-to-last bucket ends {b1:.1f},", end=" ")
+    print(f"last ends {b2:.1f} (took {took:.1f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=list(VARIANTS), default="ring")
@@ -106,6 +129,7 @@ def main() -> None:
     parser.add_argument(
         "--timeline", type=int, default=0, metavar="K", help="print the last K steps' timeline"
     )
+    parser.add_argument("--split", action="store_true", help="split each rank's exposure into lead and tail")
     args = parser.parse_args()
     results = spawn(worker, args.nproc, (args.variant, args.steps), timeout_s=900)
     for rank, row in enumerate(results):
@@ -113,6 +137,8 @@ def main() -> None:
         print(f"rank {rank}: {shown}")
     if args.timeline:
         timeline(results, min(args.timeline, args.steps))
+    if args.split and results[0]["rows"][0]["compute"] is not None:
+        split(results, Setup.warmup)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from ringtree import comm, schedules
 from ringtree.comm import shm
 from ringtree.comm.reduce_ops import COMBINE
 from ringtree.launch import spawn
-from ringtree.parallel import DistributedDataParallel
+from ringtree.parallel import DistributedDataParallel, placement
 from ringtree.schedules.base import Builder
 from ringtree.topology import Topology
 
@@ -188,10 +189,10 @@ def non_neighbour_dies(rank: int) -> str:
         assert bells is not None
         real, met = shm._Doorbells.sync, bells.epoch
 
-        def dying(self: shm._Doorbells, timeout: timedelta, peers: object = None) -> None:
+        def dying(self: shm._Doorbells, timeout: timedelta, *peers: object) -> None:
             if self.epoch > met:  # past the next call's first barrier (every rank)
                 os._exit(0)
-            real(self, timeout, peers)  # type: ignore[arg-type]
+            real(self, timeout, *peers)  # type: ignore[arg-type]
 
         shm._Doorbells.sync = dying  # type: ignore[method-assign]
     return timed_ring_call(x)
@@ -270,7 +271,13 @@ def in_place(rank: int, late_rank: int) -> list[str]:
     group = shm._group(_world(), _t())
     if not group.placed:
         failures.append("no call ran in place")
+    if (writes := _pipe_writes_of_a_ring_call(x)) != 7:  # 15 with a barrier after every step
+        failures.append(f"an in-place 4-rank ring call rang {writes} pipes, not 7")
+    allowed = os.sched_getaffinity(0)
     ddp = DistributedDataParallel(torch.nn.Linear(8, 4), bucket_cap_mb=1e-4)  # ring: shared buckets
+    core = placement.core_for(rank, p, allowed, os.cpu_count() or 1)  # 4 ranks on 2 cores: pinned
+    if os.sched_getaffinity(0) != (allowed if core is None else {core}):
+        failures.append(f"rank {rank} runs on {os.sched_getaffinity(0)}, expected core {core}")
     native = DistributedDataParallel(torch.nn.Linear(8, 4), algorithm="native")
     if not all(b.buffer.data_ptr() in group.arenas for b in ddp.buckets):
         failures.append("ring DDP buckets are not in shared memory")
@@ -281,6 +288,8 @@ def in_place(rank: int, late_rank: int) -> list[str]:
         failures.append(f"sched_yield calls per step (ring, native): {yields}")
     ddp.close()
     native.close()
+    if os.sched_getaffinity(0) != allowed:
+        failures.append("closing the DDP did not give the rank its cores back")
     kept = [b.buffer.data_ptr() for b in ddp.buckets]
     del ddp, native
     gc.collect()
@@ -289,6 +298,22 @@ def in_place(rank: int, late_rank: int) -> list[str]:
         if any(base in group.arenas for base in kept):
             failures.append("a collected DDP's shared buckets are still registered")
     return failures
+
+
+def _pipe_writes_of_a_ring_call(x: torch.Tensor) -> int:
+    writes = []
+    real = os.write
+
+    def counted(fd: int, data: bytes) -> int:
+        writes.append(fd)
+        return real(fd, data)
+
+    os.write = counted  # type: ignore[assignment]
+    try:
+        comm.all_reduce(x, algorithm="ring", validate=False)
+    finally:
+        os.write = real  # type: ignore[assignment]
+    return len(writes)
 
 
 def _yields_per_step(ddp: DistributedDataParallel) -> int:
@@ -330,3 +355,31 @@ def full_dev_shm(rank: int) -> list[bool]:
 
 def test_a_full_dev_shm_on_one_rank_gives_private_buffers_on_every_rank() -> None:
     assert spawn(full_dev_shm, 2, timeout_s=60) == [[True, True, True]] * 2
+
+
+def waits_as_a_batch_thread(rank: int) -> tuple[list[int], int]:
+    """Rank 1 comes late: rank 0 sleeps in the barrier; which policy it sleeps under, and after."""
+    x = torch.ones(1 << 10)
+    comm.all_reduce(x, algorithm="ring")  # both ranks: the shared buffers and doorbells are set up
+    seen: list[int] = []
+    real = shm.select.select
+
+    def select(*args: Any) -> Any:
+        seen.append(os.sched_getscheduler(0))
+        return real(*args)
+
+    shm.select.select = select  # type: ignore[assignment]
+    if rank == 1:
+        time.sleep(0.3)
+    comm.all_reduce(x, algorithm="ring", validate=False)
+    shm.select.select = real  # type: ignore[assignment]
+    return seen, os.sched_getscheduler(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_a_rank_waits_for_its_peers_as_a_batch_thread() -> None:
+    """A woken waiter queues for the core rather than preempting the peer that woke it; the
+    thread's own policy is back once the call returns."""
+    seen, after = spawn(waits_as_a_batch_thread, 2, timeout_s=60)[0]
+    assert seen and all(policy == os.SCHED_BATCH for policy in seen)
+    assert after == os.SCHED_OTHER

@@ -186,6 +186,21 @@ def case_no_overlap(rank: int, p: int) -> Result:
     return {"params": train(model, net, rank, p)}
 
 
+def case_last_bucket(rank: int, p: int) -> Result:
+    """Which buckets each backward hands to the comm thread and which it keeps (deferred)."""
+    model, net = ddp(rank, algorithm="ring")
+    launched: list[tuple[int, bool]] = []
+    real = model._launcher.launch
+
+    def launch(bucket: int, tensor: torch.Tensor, validate: bool, defer: bool = False) -> None:
+        launched.append((bucket, defer))
+        real(bucket, tensor, validate, defer)
+
+    model._launcher.launch = launch  # type: ignore[method-assign]
+    params = train(model, net, rank, p)
+    return {"params": params, "launched": launched, "buckets": len(model.buckets)}
+
+
 def world(rank: int, p: int, full: bool) -> dict[str, Result]:
     """Every case of a world, in the same order on every rank."""
     out = {f"algo:{a}": case_algorithm(rank, p, a) for a in comm.algorithms()}
@@ -199,6 +214,7 @@ def world(rank: int, p: int, full: bool) -> dict[str, Result]:
         out["unused"] = case_unused(rank, p)
         out["no_overlap"] = case_no_overlap(rank, p)
         out["views"] = case_bucket_views(rank, p)
+        out["last_bucket"] = case_last_bucket(rank, p)
     dist.barrier()
     return out
 
@@ -281,3 +297,13 @@ def test_gradients_are_bucket_views_and_accumulate_in_place() -> None:
     assert all(g["all_views"] for g in got), "every .grad must be its slice of a bucket after backward"
     assert_replicas_equal([g["params"] for g in got])
     assert torch.equal(got[0]["params"], results(2)[0]["algo:ring"]["params"])
+
+
+def test_the_last_bucket_runs_on_backward_s_own_thread() -> None:
+    """The bucket that completes backward's gradients is kept for the end-of-backward callback
+    (no hand-off to the comm thread and back); the others overlap backward on the comm thread."""
+    for r in results(2):
+        got, n = r["last_bucket"], r["last_bucket"]["buckets"]
+        assert n >= 3 and len(got["launched"]) == n * STEPS
+        assert got["launched"] == [(j, j == n - 1) for j in range(n)] * STEPS
+        assert torch.equal(got["params"], results(2)[0]["algo:ring"]["params"])

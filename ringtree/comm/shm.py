@@ -22,7 +22,11 @@ all-reduce do on CPUs. This module is that transport for ringtree's schedules:
   reads and writes the caller's tensor directly.
 - a tensor that already lives in shared memory on every rank (`shared_buffer`: DDP's buckets)
   is reduced where it lies: peers read its ranges in place, nothing is copied in or out, and
-  the barriers inside a call meet only the ranks that exchange data (a ring's two neighbours).
+  instead of barriers a rank signals the ranks that read from it and waits only for those it
+  reads from (`shm_flow`, where the schedule allows it: every all-reduce ringtree has; else
+  barriers among the ranks that exchange data).
+- a rank waiting for a peer sleeps as a batch thread: woken, it queues for the core instead of
+  preempting the rank that rang it.
 
 The schedule, the order of the reductions and so the result are exactly those of the
 point-to-point executor: only the transport differs. It serves CPU tensors on gloo, of any
@@ -52,6 +56,7 @@ from typing import Any, NamedTuple, overload
 import torch
 import torch.distributed as dist
 
+from ringtree.comm import shm_flow
 from ringtree.comm.errors import CollectiveError
 from ringtree.comm.flight_recorder import default_store
 from ringtree.comm.reduce_ops import COMBINE_INTO, Combine, CombineInto
@@ -99,7 +104,11 @@ def execute(
     with group.lock:
         placed = group.in_place(plan, buf)
         if placed is not None:
-            _execute_in_place(placed, plan, into, group, timeout, what, schedule.num_steps)
+            flow = shm_flow.rounds(schedule, rank)
+            if flow is None:
+                _execute_in_place(placed, plan, into, group, timeout, what, schedule.num_steps)
+            else:
+                _flow_in_place(placed, plan, into, group, timeout, what, flow)
             return
         views = group.views(plan, rank, buf.numel() * buf.element_size(), buf.dtype, timeout)
         n = schedule.num_steps
@@ -178,6 +187,33 @@ def _execute_in_place(
             else:
                 mine.copy_(incoming)
         group.sync(timeout, what, t + 1, n, near)
+
+
+def _flow_in_place(
+    placed: _Placed,
+    plan: _Plan,
+    into: CombineInto,
+    group: _Group,
+    timeout: timedelta,
+    what: str,
+    flow: list[shm_flow.Round],
+) -> None:
+    """An in-place call with signals instead of barriers (`shm_flow`): before step t this rank
+    signals the ranks that read from it at step t and waits for those it reads from; at the end
+    it releases the ranks it read from and waits for its readers."""
+    n = len(flow) - 1
+    for t, (notify, wait) in enumerate(flow):
+        if notify or wait:
+            group.sync(timeout, what, t, n, notify, wait)
+        if t == n:
+            return
+        for (_, _, _, reduce), incoming, mine in zip(
+            plan.in_place[t], placed.reads[t], placed.own[t], strict=True
+        ):
+            if reduce:
+                into(mine, incoming, mine)
+            else:
+                mine.copy_(incoming)
 
 
 class _Placed(NamedTuple):
@@ -340,22 +376,27 @@ class _Doorbells:
         self.expected = [0] * len(pids)  # barriers met with each peer
         self.epoch = 0  # barriers this rank has entered, with any peers
 
-    def sync(self, timeout: timedelta, peers: tuple[int, ...] | None = None) -> None:
-        """Ring `peers` (every peer by default), then wait for each of them; a peer whose process
-        is gone fails the wait within LIVENESS_S, one that is alive but never comes after `timeout`."""
+    def sync(
+        self, timeout: timedelta, peers: tuple[int, ...] | None = None, wait: tuple[int, ...] | None = None
+    ) -> None:
+        """Ring `peers` (every peer by default), then wait for `wait` (the same peers by default);
+        a peer whose process is gone fails the wait within LIVENESS_S, one that is alive but never
+        comes after `timeout`."""
         peers = self.peers if peers is None else peers
+        wait = peers if wait is None else wait
         self.epoch += 1
         for q in peers:
-            self.expected[q] += 1
             os.write(self.outboxes[q], self.token)
+        for q in wait:
+            self.expected[q] += 1
         deadline = time.monotonic() + timeout.total_seconds()
-        while late := [q for q in peers if self.rung[q] < self.expected[q]]:
+        while late := [q for q in wait if self.rung[q] < self.expected[q]]:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(
                     f"Timed out waiting for rank(s) {[self.names[q] for q in late]} of the group"
                 )
-            if select.select([self.inbox], [], [], min(left, LIVENESS_S))[0]:
+            if _sleep_until_readable(self.inbox, min(left, LIVENESS_S)):
                 for (q,) in struct.iter_unpack("<I", os.read(self.inbox, 1 << 16)):
                     self.rung[q] += 1
             elif dead := [q for q in late if not alive(self.pids[q])]:
@@ -377,6 +418,27 @@ class _Doorbells:
         return text
 
 
+def _sleep_until_readable(fd: int, timeout_s: float) -> bool:
+    """Wait for `fd` to be readable, as a batch thread: when a peer's ring wakes this thread it
+    queues for the core instead of preempting the thread that rang (which has its own next
+    signal or step to do). Where ranks outnumber cores, waking up preemptively made the ranks
+    take the core from each other at every signal: 4 ranks on 2 cores, exposed communication
+    6.2 -> 5.0 ms of a 39 ms step (docs/benchmarks.md). The thread's policy is restored on
+    waking, and left alone unless it is the default one (SCHED_OTHER)."""
+    batch = _SCHED_BATCH >= 0 and os.sched_getscheduler(0) == os.SCHED_OTHER
+    if batch:
+        try:
+            os.sched_setscheduler(0, _SCHED_BATCH, os.sched_param(0))
+        except OSError:  # not allowed here (a sandbox): wait as any thread
+            batch = False
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        if batch:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
+_SCHED_BATCH: int = getattr(os, "SCHED_BATCH", -1)  # Linux only
 LIVENESS_S = 0.2  # how often a waiting rank checks that the peers it waits for still run
 
 
@@ -515,13 +577,23 @@ class _Group:
         return have[1]
 
     def sync(
-        self, timeout: timedelta, what: str, t: int, n: int, peers: tuple[int, ...] | None = None
+        self,
+        timeout: timedelta,
+        what: str,
+        t: int,
+        n: int,
+        peers: tuple[int, ...] | None = None,
+        wait: tuple[int, ...] | None = None,
     ) -> None:
-        """A barrier with `peers` (group ranks; every rank of the group by default)."""
+        """A barrier with `peers` (group ranks; every rank of the group by default), or, with
+        `wait`, a signal to `peers` and a wait for `wait`."""
         if self.bells is None:
             self.bells = _doorbells(self.pg, timeout)
         try:
-            self.bells.sync(timeout, peers)
+            if wait is None:
+                self.bells.sync(timeout, peers)
+            else:
+                self.bells.sync(timeout, peers, wait)
         except RuntimeError as e:
             raise CollectiveError(_failed(f"{what} at step {t}/{n}", e, timeout)) from e
 

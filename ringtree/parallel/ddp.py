@@ -8,10 +8,12 @@ the bucket (torch DDP's gradient_as_bucket_view, always on): the reduced values 
 with no copy back, and a gradient that autograd accumulates into an existing `.grad` (no_sync,
 zero_grad(set_to_none=False)) is already in its bucket. A bucket whose gradients are all in is
 launched at once, so its all-reduce overlaps the rest of backward. backward() returns only
-after every bucket is reduced; the buckets the comm thread has not started by then run on
-backward's own thread. When ringtree's schedules run over shared memory (every rank of the group
-on this host, CPU), the buckets live there and are reduced in place, and ranks yield their core
-at every gradient so that they reach each bucket together.
+after every bucket is reduced; the last bucket (ready only when backward's compute is done), and
+any the comm thread has not started by then, run on backward's own thread. When ringtree's
+schedules run over shared memory (every rank of the group on this host, CPU), the buckets live
+there and are reduced in place, ranks yield their core at every gradient so that they reach
+each bucket together, and where the host's ranks outnumber its cores each is pinned to one of
+them while the wrapper lives (placement.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import nn
 
 from ringtree import comm
 from ringtree.comm import shm
+from ringtree.parallel import placement
 from ringtree.parallel.buckets import MB, Allocator, Bucket, build
 from ringtree.parallel.launcher import Launcher, Span, make_launcher
 from ringtree.parallel.replicas import broadcast_state
@@ -134,6 +137,8 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         # (4 ranks on 2 cores: exposed communication 11.5 -> 7 ms of a 35 ms step, step unchanged;
         # docs/benchmarks.md). sched_yield returns at once when nothing else waits for the core.
         self._yield = any(shm.is_shared(b.buffer) for b in self.buckets)
+        # ... and spread them evenly over its cores where they outnumber them (placement.py)
+        self._unpin = placement.spread() if self._yield else None
         self._register_hooks()
         self._sync_enabled = True  # False inside no_sync()
         self._expect_sync = False  # set by a forward outside no_sync, cleared when the sync ends
@@ -188,13 +193,19 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         self._finish()
 
     def close(self) -> None:
-        """Stop the communication thread (also done when the object is collected)."""
+        """Stop the communication thread and undo the ranks' placement (also done when the
+        object is collected)."""
         self._launcher.close()
+        unpin, self._unpin = self._unpin, None
+        if unpin is not None:
+            unpin()
 
     def __del__(self) -> None:
-        launcher = self.__dict__.get("_launcher")
+        launcher, unpin = self.__dict__.get("_launcher"), self.__dict__.get("_unpin")
         if launcher is not None:
             launcher.close()
+        if unpin is not None:
+            unpin()
 
     # -- backward: hooks fill buckets, the end-of-backward callback waits and writes back --------
 
@@ -256,8 +267,11 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
             if self.compression is not None:
                 payload = payload.to(COMPRESSION[self.compression])
             self._payloads[bucket.index] = payload
+            # the last bucket completes backward's gradients: the end-of-backward callback, on
+            # this thread, runs it next, so handing it to the comm thread would only add a wake-up
+            last = self._next_bucket == len(self.buckets) - 1
             started = time.perf_counter()
-            self._launcher.launch(bucket.index, payload, validate=not self._validated, defer=defer)
+            self._launcher.launch(bucket.index, payload, validate=not self._validated, defer=defer or last)
             self._exposed_s += time.perf_counter() - started  # launching is exposed too
             self._next_bucket += 1
 
