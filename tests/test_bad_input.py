@@ -69,6 +69,11 @@ def test_a_bad_mailbox_poll_setting_exits_2(tmp_path: Path) -> None:
     _exits_2(tmp_path, ["bench"], fragment, {"RINGTREE_MAILBOX_SPIN_US": "soon"})
 
 
+def test_a_bad_pin_setting_exits_2(tmp_path: Path) -> None:
+    fragment = "RINGTREE_PIN_RANKS='yes' is not 0 or 1; set it to 0 to never pin ranks to cores"
+    _exits_2(tmp_path, ["bench"], fragment, {"RINGTREE_PIN_RANKS": "yes"})
+
+
 def _exits_2(tmp_path: Path, args: list[str], fragment: str, env: dict[str, str] | None = None) -> None:
     (tmp_path / "file").write_text("x")
     (tmp_path / "bin").write_bytes(b"\xa8\x00\xff\x01")  # not UTF-8: what a .pt or .png starts like

@@ -41,3 +41,14 @@ def test_every_thread_is_pinned_and_released(monkeypatch: pytest.MonkeyPatch) ->
         stop.set()
         other.join()
         os.sched_setaffinity(0, allowed)
+
+
+def test_ringtree_pin_ranks_0_leaves_the_placement_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    allowed = os.sched_getaffinity(0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(allowed)))
+    monkeypatch.setenv(placement.PIN_ENV, "0")
+    assert placement.spread() is None and os.sched_getaffinity(0) == allowed
+    monkeypatch.setenv(placement.PIN_ENV, "yes")
+    with pytest.raises(ValueError, match="RINGTREE_PIN_RANKS='yes' is not 0 or 1"):
+        placement.spread()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from ringtree.comm import mailbox, shm
+from ringtree.parallel import placement
 
 app = typer.Typer(
     name="ringtree",
@@ -21,5 +22,6 @@ def _root() -> None:
     try:
         shm.transport()
         mailbox.spin_s()
+        placement.enabled()
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

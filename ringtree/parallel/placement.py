@@ -9,7 +9,8 @@ step 36 -> 35 ms.
 
 Only where the choice is clearly right: the process may use every core (an affinity the user set
 is left alone), and the host's ranks are a multiple of its cores (3 ranks on 2 cores would put two
-on one core). The pin is undone when its owner closes.
+on one core). The pin is undone when its owner closes. `RINGTREE_PIN_RANKS=0` turns it off (a host
+shared with other work, or a rank that wants its intra-op threads on every core).
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+PIN_ENV = "RINGTREE_PIN_RANKS"  # 1 (the default): spread the ranks where `core_for` says; 0: never
+
+
+def enabled() -> bool:
+    """Whether ranks may be pinned: PIN_ENV's value, 1 (the default) or 0; anything else refused."""
+    setting = os.environ.get(PIN_ENV, "1")
+    if setting not in ("0", "1"):
+        raise ValueError(
+            f"{PIN_ENV}={setting!r} is not 0 or 1; set it to 0 to never pin ranks to cores, or unset it"
+        )
+    return setting == "1"
 
 
 def core_for(local_rank: int, local_world_size: int, allowed: set[int], cpus: int) -> int | None:
@@ -30,7 +43,7 @@ def core_for(local_rank: int, local_world_size: int, allowed: set[int], cpus: in
 def spread() -> Callable[[], None] | None:
     """Pin every thread of this process to its core (torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE)
     where `core_for` says so; return what undoes it, or None where nothing was changed."""
-    if "LOCAL_RANK" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:
+    if "LOCAL_RANK" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ or not enabled():
         return None
     allowed = os.sched_getaffinity(0)
     local = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
