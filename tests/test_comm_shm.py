@@ -198,6 +198,25 @@ def non_neighbour_dies(rank: int) -> str:
     return timed_ring_call(x)
 
 
+def in_place_rank_dies(rank: int) -> str:
+    """4 ranks reduce a tensor in shared memory (signals, not barriers); rank 1 exits between two
+    in-place calls, so the others wait on its signal for the second."""
+    buf = shm.shared_buffer(1 << 10, torch.float32, _world(), _t())
+    assert buf is not None
+    buf.fill_(1.0)
+    comm.all_reduce(buf, algorithm="ring", validate=False)
+    if rank == 1:
+        os._exit(0)
+    return timed_ring_call(buf)
+
+
+def test_a_rank_that_dies_between_in_place_calls_is_named_at_once() -> None:
+    messages = spawn(in_place_rank_dies, 4, timeout_s=60, allow_missing=True)
+    live = [m for r, m in enumerate(messages) if r != 1 and m is not None]
+    assert live and all("rank 1 (pid" in m for m in live), live
+    assert all(float(m.partition(" ")[0]) < 10 for m in live)  # not the 30 s timeout
+
+
 def test_a_rank_that_dies_is_named_by_ranks_that_do_not_wait_for_it() -> None:
     """Rank 0 meets only ranks 1 and 4 inside a 5-rank ring call: when they give up (rank 2 died
     before ringing them) and exit, it names them and rank 2 at once."""
