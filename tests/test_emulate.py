@@ -137,13 +137,52 @@ def test_ctrl_c_stops_the_job_and_removes_the_nodes() -> None:
     )
     try:
         time.sleep(6)
+        state = _signal_state(job.pid)  # on a failure, says whether SIGINT could reach it
         job.send_signal(signal.SIGINT)
         _, err = job.communicate(timeout=60)
     finally:
         job.kill()
-    assert job.returncode == 130 and b"interrupted" in err, err[-2000:]
+        network.cleanup()  # a failed run must not leave nodes to the tests after it
+    assert job.returncode == 130 and b"interrupted" in err, (state, err[-2000:])
     assert b"Traceback" not in err and b"SignalException" not in err, err[-2000:]  # one line, no torch
     assert leftovers() == ([], [])
+
+
+def _signal_state(pid: int) -> str:
+    with open(f"/proc/{pid}/status") as f:
+        wanted = ("State", "SigBlk", "SigIgn", "SigCgt")
+        return " ".join(line.strip() for line in f if line.startswith(wanted))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop itself
+def test_an_interrupt_python_dropped_is_still_acted_on() -> None:
+    """A KeyboardInterrupt raised inside a finalizer is printed and dropped by Python; the flag the
+    signal set still stops the wait for the agents."""
+    from ringtree.emulate import interrupt
+
+    class Finalized:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)  # lands while __del__ runs: Python drops it
+
+    with interrupt.interruptible():
+        interrupt.check()  # nothing came in yet
+        Finalized()  # collected at once; its KeyboardInterrupt goes to sys.unraisablehook
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()
+    interrupt.check()  # cleared on leaving: the next run starts clean
+
+
+def test_a_ctrl_c_while_the_nodes_are_removed_waits_for_the_end() -> None:
+    from ringtree.emulate import interrupt
+
+    done: list[str] = []
+    with pytest.raises(KeyboardInterrupt), interrupt.interruptible(), interrupt.deferred():
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+        done.append("removed")
+    assert done == ["removed"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # both restored
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_bench_rows_carry_the_node_shape(tmp_path: Path) -> None:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 import typer
 
@@ -56,8 +54,7 @@ def emulate(
         spec = emu.ClusterSpec(nodes, nproc_per_node, emu.parse_rate(inter_bw), parse_slow(slow))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a killed emulate still cleans up
-    try:
+    try:  # Ctrl-C and SIGTERM arrive as KeyboardInterrupt, after the nodes are removed
         result = emu.run(spec, argv, measure=measure, timeout_s=timeout)
     except (TimeoutError, RuntimeError) as e:  # the network could not be built, or the job hung
         typer.echo(f"ringtree emulate: {e}", err=True)
@@ -65,8 +62,6 @@ def emulate(
     except KeyboardInterrupt:
         typer.echo("ringtree emulate: interrupted; the emulated nodes were removed", err=True)
         raise typer.Exit(code=130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if json_path is not None:
         write_json(json_path, result.record)
     if result.code and not result.verdict:  # the command's own answer is its last word
@@ -101,7 +96,3 @@ def absolute_paths(argv: list[str]) -> list[str]:
             arg = os.path.abspath(arg)
         out.append(arg)
     return out
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ringtree.emulate import network
+from ringtree.emulate import interrupt, network
 from ringtree.emulate.cluster import ClusterSpec, run_agents
 from ringtree.emulate.network import Network, cleanup, has_net_admin, parse_rate
 
@@ -41,7 +41,7 @@ def run(
 ) -> Emulated:
     """Build the network, measure its links, run `python -m ringtree ARGV` on it, tear it down."""
     out = stdout if stdout is not None else sys.stdout
-    with network.build(spec.rates()) as net:
+    with interrupt.interruptible(), network.build(spec.rates()) as net:
         record = spec.describe()
         record["links"] = measure_links(net, spec, timeout_s) if measure and spec.nodes > 1 else []
         record["command"] = ["ringtree", *argv]

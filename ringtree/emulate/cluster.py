@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ringtree.emulate import network
+from ringtree.emulate import interrupt, network
 from ringtree.emulate.network import IFNAME, Network
 
 VERDICT_ENV = "RINGTREE_VERDICT_FILE"
@@ -162,6 +162,7 @@ def _wait(procs: list[subprocess.Popen[str]], timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     while any(p.poll() is None for p in procs):
+        interrupt.check()
         codes = [p.returncode for p in procs if p.returncode]
         if codes and failed_at is None:
             failed_at = time.monotonic()

@@ -16,7 +16,10 @@ import re
 import secrets
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
+
+from ringtree.emulate import interrupt
 
 PREFIX = "rtemu"  # every namespace, link and port this module creates starts with it
 IFNAME = "rtemu0"  # a node's interface, inside its namespace (GLOO_SOCKET_IFNAME)
@@ -96,13 +99,10 @@ class Network:
 
     def close(self) -> None:
         """Delete the namespaces (links and qdiscs go with them), Ctrl-C or not."""
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave debris
-        try:
+        with interrupt.deferred():  # a second Ctrl-C must not leave debris
             for netns in reversed(self.created):
                 delete_netns(netns)
             self.created.clear()
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
 
 def build(rates: list[float]) -> Network:
@@ -179,10 +179,15 @@ def kill_inside(netnses: list[str]) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def delete_netns(netns: str) -> None:
-    """Stop what still runs inside netns (an emulate run's leftovers), then delete it."""
-    kill_inside([netns])
-    subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+def delete_netns(netns: str, tries: int = 5) -> None:
+    """Stop what still runs inside netns (an emulate run's leftovers), then delete it; tried again
+    while it is still listed (a process killed a moment ago can keep it busy)."""
+    for _ in range(tries):
+        kill_inside([netns])
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+        if netns not in list_netns(netns):
+            return
+        time.sleep(0.2)
 
 
 def cleanup(prefix: str = PREFIX) -> list[str]:

@@ -1,0 +1,67 @@
+"""Ctrl-C and SIGTERM during an emulated run: raised as KeyboardInterrupt, and remembered.
+
+Python drops an exception that is raised while a finalizer (`__del__`, a weakref callback) runs:
+it prints "Exception ignored in ..." and carries on. A Ctrl-C that lands there would be lost and
+the job would run to its end with the user's terminal waiting. So the signal also sets a flag
+that the wait loop checks (`check`), and a mask inherited from the parent cannot hold it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_requested = threading.Event()
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    _requested.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within: SIGINT (unless the parent made us ignore it, as shells do for background jobs) and
+    SIGTERM raise KeyboardInterrupt and set the flag; both are unblocked. Restored on leaving."""
+    _requested.clear()
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+    for s in SIGNALS:
+        if previous[s] is not signal.SIG_IGN or s is signal.SIGTERM:
+            signal.signal(s, _raise)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _requested.clear()
+
+
+def check() -> None:
+    """Raise KeyboardInterrupt if a signal came in whose exception Python may have dropped."""
+    if _requested.is_set():
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Within: SIGINT and SIGTERM only take note (a second Ctrl-C must not leave debris half
+    removed); one that came in is acted on, as KeyboardInterrupt, when the block ends."""
+    came: list[int] = []
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    for s in SIGNALS:
+        if previous[s] is not signal.SIG_IGN:
+            signal.signal(s, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if came and callable(previous[signal.Signals(came[0])]):  # a handler, not SIG_IGN/SIG_DFL
+            _requested.set()
+            raise KeyboardInterrupt
