@@ -5,7 +5,7 @@ the figure they published and where) becomes the planner's contract command
 
     ringtree plan --model transformer --layers L --hidden H --heads A [--kv-heads K]
         [--ffn-hidden F] [--mlp gelu|swiglu] [--no-dropout] --seq S --vocab V --global-batch B --micro-batch b
-        --tp T --pp P [--cp C] [--virtual-stages V] [--sequence-parallel] [--zero Z]
+        --tp T --pp P [--cp C] [--cp-comm all-gather] [--virtual-stages V] [--sequence-parallel] [--zero Z]
         [--overlap] [--no-flash-attention] [--attention-kernel flash2] [--elementwise eager]
         [--grad-dtype bf16] [--bucket-mb MiB]
         --nodes N --cluster NAME
@@ -70,6 +70,7 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--global-batch", str(t["global_batch"]), "--micro-batch", str(t["micro_batch"])]
     args += ["--tp", str(t["tp"]), "--pp", str(t["pp"])]
     args += ["--cp", str(t["cp"])] if t["cp"] > 1 else []
+    args += ["--cp-comm", t["cp_comm"]] if t.get("cp_comm", "p2p") != "p2p" else []
     args += ["--virtual-stages", str(t["virtual_stages"])] if t["virtual_stages"] > 1 else []
     args += ["--sequence-parallel"] if t["sequence_parallel"] else []
     args += ["--zero", str(t["zero"])] if t["zero"] else []
@@ -208,7 +209,7 @@ def _layout(row: dict[str, Any]) -> str:
     t = row["training"]
     parts = (
         [f"TP{t['tp']} PP{t['pp']}"]
-        + [f"CP{t['cp']}"] * (t["cp"] > 1)
+        + [f"CP{t['cp']}" + (" all-gather" if t.get("cp_comm", "p2p") != "p2p" else "")] * (t["cp"] > 1)
         + [f"VP{t['virtual_stages']}"] * (t["virtual_stages"] > 1)
     )
     parts += ["SP"] * t["sequence_parallel"] + [f"ZeRO-{t['zero']}"] * (t["zero"] > 0) + [t["recompute"]]

@@ -147,6 +147,49 @@ def test_context_parallelism_splits_the_sequence_and_prices_its_ring() -> None:
     assert exposed.cp_comm_s > 0  # a slow link cannot hide the K/V exchange behind attention
 
 
+def test_all_gather_context_parallelism_exposes_its_gathers() -> None:
+    """--cp-comm all-gather (Llama 3's CP): K and V gathered before every layer's attention, gathered
+    again in the backward and their gradients reduce-scattered, none of it behind the attention."""
+    from ringtree.sim.plan import collective_s, dp_group
+
+    cluster, model = H100.cluster(2), MODELS["llama3-8b"]
+    ring, gathered = (
+        plan(model, Training(32, cp=8, cp_comm=c), cluster, H100.gpu) for c in ("p2p", "all-gather")
+    )
+    assert ring.cp_comm_s == 0.0  # NVLink: the ring hides behind the attention
+    run = Training(32, cp=8)
+    m, layers = run.micro_batches(2), model.layers
+    kv = 2 * model.seq * model.kv_hidden * 2  # K and V of the whole sequence, bf16
+    group = dp_group(cluster, 1, 8)  # the CP group: 8 ranks of one node
+    one = collective_s("all_gather", "native", group, kv, 4)
+    assert gathered.cp_comm_s == pytest.approx(m * layers * 3 * one)  # AG forward, AG + RS backward
+    assert gathered.step_s == pytest.approx(ring.step_s + gathered.cp_comm_s)
+    assert gathered.details["training"]["cp_comm"] == "all-gather"
+    with pytest.raises(ValueError, match="--cp-comm all-gather .* add --cp 2"):
+        Training(8, cp_comm="all-gather")
+    with pytest.raises(ValueError, match="unknown --cp-comm 'ulysses'"):
+        Training(8, cp=2, cp_comm="ulysses")
+
+
+def test_cp_comm_on_the_command_line(tmp_path: Path) -> None:
+    base = ["plan", "--model", "llama3-8b", "--nodes", "2", "--cluster", "dgx-h100", "--global-batch", "32"]
+    out = tmp_path / "p.json"
+    result = runner.invoke(app, [*base, "--cp", "8", "--cp-comm", "all-gather", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["breakdown"]["cp_comm_s"] > 0
+    for extra, words in (
+        (["--cp-comm", "all-gather"], "add --cp 2"),
+        (["--cp", "2", "--cp-comm", "x"], "choose p2p"),
+    ):
+        bad = runner.invoke(app, [*base, *extra])
+        said = " ".join(re.sub("[│╭╮╰╯─]", " ", bad.output).split())
+        assert bad.exit_code == 2 and words in said, bad.output
+    found = runner.invoke(app, [*base, "--search", "--cp-comm", "all-gather", "--json", str(out)])
+    assert found.exit_code == 0, found.output
+    rows = [r for r in json.loads(out.read_text())["configurations"] if r["cp"] > 1]
+    assert all(r["details"]["training"]["cp_comm"] == "all-gather" for r in rows)
+
+
 def test_first_and_last_stages_hold_embedding_and_logits_and_fits_names_the_stage() -> None:
     model = MODELS["llama3-8b"]
     run = Training(64, 8, 1, 4)

@@ -61,6 +61,12 @@ def plan(
     cp: int = typer.Option(
         1, help="Context-parallel degree: the sequence split over CP ranks.", rich_help_panel="Layout"
     ),
+    cp_comm: str = typer.Option(
+        "p2p",
+        help="How CP ranks exchange K and V: p2p (a ring overlapped with the attention: Megatron-Core's "
+        "default, Transformer Engine) or all-gather (gathered before the attention, exposed: Llama 3).",
+        rich_help_panel="Layout",
+    ),
     virtual_stages: int = typer.Option(
         1, help="Model chunks per pipeline rank (interleaved 1F1B).", rich_help_panel="Layout"
     ),
@@ -224,7 +230,7 @@ def plan(
     )
     parallel_given = (
         cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
-        or attention_kernel != "fused" or elementwise != "fused"
+        or attention_kernel != "fused" or elementwise != "fused" or cp_comm != "p2p"
     )  # fmt: skip
     transformer_only = (
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
@@ -269,7 +275,7 @@ def plan(
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
                   "flash_attention": flash_attention, "attention_kernel": attention_kernel,
-                  "elementwise": elementwise, "grad_dtype": grad_dtype}  # fmt: skip
+                  "elementwise": elementwise, "grad_dtype": grad_dtype, "cp_comm": cp_comm}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -604,7 +610,7 @@ def _transformer(
     legacy: dict[str, Any],
 ) -> None:
     """The transformer model: one layout, or --search over all that fit."""
-    from ringtree.sim.layout import Training
+    from ringtree.sim.layout import CP_COMMS, Training
     from ringtree.sim.predictor import default_algorithm, plan
     from ringtree.sim.search import search as search_layouts
     from ringtree.sim.search import why
@@ -623,11 +629,21 @@ def _transformer(
         gpu, cluster = links.gpu(), links.cluster()
         chosen = default_algorithm(cluster) if algorithm == "auto" else algorithm
         if search:
+            if layout["cp_comm"] not in CP_COMMS:
+                raise ValueError(f"unknown --cp-comm {layout['cp_comm']!r}; choose {' or '.join(CP_COMMS)}")
             if recompute is not None and recompute not in RECOMPUTE:
                 raise ValueError(f"unknown --recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
             modes = SEARCHED if recompute is None else (recompute,)
             found = search_layouts(
-                shape, global_batch, cluster, gpu, dtype, modes, chosen, layout["grad_dtype"]
+                shape,
+                global_batch,
+                cluster,
+                gpu,
+                dtype,
+                modes,
+                chosen,
+                layout["grad_dtype"],
+                layout["cp_comm"],
             )
             rows = found.rows
             if not rows:
@@ -640,7 +656,7 @@ def _transformer(
                 global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
                 layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
-                layout["grad_dtype"],
+                layout["grad_dtype"], layout["cp_comm"],
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

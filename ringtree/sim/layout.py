@@ -27,6 +27,7 @@ from ringtree.sim.plan import Layout
 from ringtree.sim.transformer import RECOMPUTE, Transformer
 
 ATTENTION_KERNELS = ("fused", "flash2")
+CP_COMMS = ("p2p", "all-gather")  # Megatron-Core's cp_comm_type "p2p" and "all_gather"
 GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -59,6 +60,9 @@ class Training:
     # gradient accumulation and data-parallel reduction: fp32, bf16 or fp16; None: fp32 under bf16,
     # fp16 under fp16 (the module's docstring says whose defaults these are)
     grad_dtype: str | None = None
+    # context parallelism's K/V exchange: "p2p", a ring overlapped with the attention (Megatron-Core's
+    # default, Transformer Engine); "all-gather", gathered before the attention and exposed (Llama 3)
+    cp_comm: str = "p2p"
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -88,6 +92,10 @@ class Training:
                 f"--grad-dtype {self.grad_dtype} does not match --dtype {self.dtype}: 16-bit gradients "
                 f"take the training dtype; choose --grad-dtype {self.dtype} or fp32"
             )
+        if self.cp_comm not in CP_COMMS:
+            raise ValueError(f"unknown --cp-comm {self.cp_comm!r}; choose {' or '.join(CP_COMMS)}")
+        if self.cp_comm != "p2p" and self.cp == 1:
+            raise ValueError(f"--cp-comm {self.cp_comm} is how CP ranks exchange K and V: add --cp 2 or more")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
         if self.sequence_parallel and self.tp == 1:

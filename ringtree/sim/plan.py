@@ -179,7 +179,8 @@ class StepWork:
     includes any recomputed forward). TP all-reduces are `tp_bytes` each, `tp_forward` of them in a
     forward and `tp_backward` in a backward; `activation_bytes` go between stages per micro-batch.
     With CP, each of the stage's `layers` all-gathers `cp_bytes` of K and V in forward (and once more
-    with the reduce-scatter of their gradients in backward) behind `attention_s` of attention.
+    with the reduce-scatter of their gradients in backward) behind `attention_s` of attention; with
+    `cp_overlap` False (all-gather CP) none of it hides.
     """
 
     forward_s: float
@@ -201,6 +202,8 @@ class StepWork:
     layers: float = 0.0  # transformer layers on this stage (CP exchanges and ZeRO-3 gathers are per layer)
     cp_bytes: int = 0  # K and V of all c sequence chunks of one layer (one all-gather's output)
     attention_s: float = 0.0  # one layer's attention forward, which hides the CP exchange
+    # CP's K/V exchange: True passed in a ring behind the attention (p2p), False all-gathered before it
+    cp_overlap: bool = True
     hardware_flops: float = 0.0  # model FLOPs plus recompute, all devices
     # each stage's compute when stages differ (uneven layers, the logits on the last stage); empty:
     # every stage is forward_s / backward_s, which are otherwise the slowest stage's
@@ -421,9 +424,7 @@ def predict(
         one_tp = 2 * collective_s("all_gather", algorithm, g.tp, work.tp_bytes, work.itemsize)
     else:
         one_tp = collective_s("all_reduce", algorithm, g.tp, work.tp_bytes, work.itemsize)
-    cp_ag = collective_s("all_gather", algorithm, g.cp, work.cp_bytes, work.itemsize)
-    cp_forward = work.layers * max(0.0, cp_ag - work.attention_s)
-    cp_backward = work.layers * max(0.0, 2 * cp_ag - 2 * work.attention_s)
+    cp_forward, cp_backward = _cp_exchange(work, g.cp, algorithm)
     gather_f, gather_b = _zero3_gathers(work, layout, g.dp, algorithm)
     forward = work.forward_s + work.tp_forward * one_tp + cp_forward + gather_f
     backward = work.backward_s + work.tp_backward * one_tp + cp_backward + gather_b
@@ -472,6 +473,24 @@ def predict(
         hardware_tflops_per_gpu=(
             work.hardware_flops / (step * cluster.ranks) / 1e12 if work.hardware_flops and step else None
         ),
+    )
+
+
+def _cp_exchange(work: StepWork, group: Cluster | None, algorithm: str) -> tuple[float, float]:
+    """Context parallelism's K/V traffic left exposed, forward and backward, per micro-batch.
+
+    p2p (Megatron-Core's default, Transformer Engine's ring): the chunks pass round the ring while
+    the attention computes, so only what the attention does not cover shows; the backward passes
+    K/V and their gradients behind twice the attention. all-gather (Llama 3's, section 3.3.2; TE's
+    `AttnFuncWithCPAndKVAllGather`, "KV all-gather between CP ranks is exposed"): K and V are
+    gathered before the forward's attention and again in the backward, whose gradients are
+    reduce-scattered after it; nothing hides.
+    """
+    ag = collective_s("all_gather", algorithm, group, work.cp_bytes, work.itemsize)
+    if not work.cp_overlap:
+        return work.layers * ag, work.layers * 2 * ag
+    return work.layers * max(0.0, ag - work.attention_s), work.layers * max(
+        0.0, 2 * ag - 2 * work.attention_s
     )
 
 

@@ -105,6 +105,7 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         layers=layers,
         cp_bytes=2 * run.micro_batch * model.seq * model.kv_hidden // t * ITEMSIZE if run.cp > 1 else 0,
         attention_s=attention,
+        cp_overlap=run.cp_comm == "p2p",
         hardware_flops=model.step_flops(run.global_batch, run.recompute),
         stage_forward_s=fs if p > 1 else (),
         stage_backward_s=bs if p > 1 else (),

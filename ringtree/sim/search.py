@@ -51,6 +51,7 @@ def candidates(
     dtype: str,
     recompute: tuple[str, ...],
     grad_dtype: str | None = None,
+    cp_comm: str = "p2p",
 ) -> Iterator[list[Training]]:
     """Every layout the model and the GPU count allow, memory not yet checked, in groups that differ
     only in the ZeRO stage (0 to 3: each slower or as fast, and smaller)."""
@@ -68,7 +69,21 @@ def candidates(
             stages = (0, 1, 2, 3) if dp * c > 1 else (0,)  # nothing to shard over a single rank
             yield [
                 Training(
-                    global_batch, b, t, p, dtype, r, True, 25.0, "1f1b", c, v, sp, z, grad_dtype=grad_dtype
+                    global_batch,
+                    b,
+                    t,
+                    p,
+                    dtype,
+                    r,
+                    True,
+                    25.0,
+                    "1f1b",
+                    c,
+                    v,
+                    sp,
+                    z,
+                    grad_dtype=grad_dtype,
+                    cp_comm=cp_comm if c > 1 else "p2p",
                 )
                 for z in stages
             ]
@@ -91,12 +106,13 @@ def search(
     recompute: tuple[str, ...] = SEARCHED,
     algorithm: str = "auto",
     grad_dtype: str | None = None,
+    cp_comm: str = "p2p",
 ) -> Found:
     """The fastest layouts that fit in memory, each with the least ZeRO sharding it needs
     (gradient reduction overlapped, as today's runs do); "auto" prices as `ringtree plan` does."""
     algorithm = default_algorithm(cluster) if algorithm == "auto" else algorithm
     rough = []
-    for group in candidates(model, global_batch, cluster, dtype, recompute, grad_dtype):
+    for group in candidates(model, global_batch, cluster, dtype, recompute, grad_dtype, cp_comm):
         dp = check(model, group[0], cluster.ranks)
         m = group[0].micro_batches(dp)
         run = next((r for r in group if fits(model, r, m, dp, gpu)), None)
