@@ -105,6 +105,37 @@ def test_zero_shards_exactly_its_states_over_dp() -> None:
     assert z0.states - z1.states == pytest.approx(z0.states * 12 / 18 * (1 - 1 / 16))
 
 
+def test_a_shard_group_shards_inside_it_and_reduces_across_the_groups() -> None:
+    """--shard-group S (HSDP): the states are sharded over S ranks, not all of DP; each gradient bucket
+    is reduce-scattered inside the group, then its 1/S shard all-reduced across the dp / S groups."""
+    from ringtree.sim.plan import buckets, collective_s, dp_group
+
+    slow = H100.cluster(4)  # 32 GPUs on 4 nodes
+    full, hybrid = (Training(32, zero=3, shard_group=s) for s in (0, 8))
+    one, two = (stages(SMALL, r, 1, 32)[0] for r in (full, hybrid))
+    assert two.states == pytest.approx(states_bytes(SMALL.params, hybrid, 8) + 2 * 2 * SMALL.layer_params)
+    assert one.states == pytest.approx(states_bytes(SMALL.params, full, 32) + 2 * 2 * SMALL.layer_params)
+    assert hybrid.shards(32) == 8 and full.shards(32) == 32 and Training(32, zero=1, cp=2).shards(16) == 32
+    row = plan(SMALL, hybrid, slow, H100.gpu, "ring")
+    sizes = buckets(int(SMALL.params) * 4, 4, 25.0)  # fp32 gradients in 25 MiB buckets
+    inside, across = dp_group(slow, 1, 8), dp_group(slow, 8, 4)
+    assert (inside.nodes, across.nodes, across.gpus_per_node) == (1, 4, 1)
+    expected = sum(
+        collective_s("reduce_scatter", "ring", inside, n, 4)
+        + collective_s("all_reduce", "ring", across, n // 8, 4)
+        for n in sizes
+    )
+    assert row.dp_allreduce_s == pytest.approx(expected)
+    for bad, words in (
+        (dict(shard_group=8), "add --zero 1, 2 or 3"),
+        (dict(zero=3, shard_group=-1), "at least 1"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            Training(32, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="--shard-group 5 must divide the data-parallel degree 32"):
+        check(SMALL, Training(32, zero=3, shard_group=5), 32)
+
+
 def test_sequence_parallel_moves_the_all_reduces_bytes_and_divides_norm_activations() -> None:
     cluster = H100.cluster(1)
     tp, sp = (plan(SMALL, Training(16, tp=4, sequence_parallel=s), cluster, H100.gpu) for s in (False, True))
@@ -165,7 +196,7 @@ def test_all_gather_context_parallelism_exposes_its_gathers() -> None:
     assert gathered.cp_comm_s == pytest.approx(m * layers * 3 * one)  # AG forward, AG + RS backward
     assert gathered.step_s == pytest.approx(ring.step_s + gathered.cp_comm_s)
     assert gathered.details["training"]["cp_comm"] == "all-gather"
-    with pytest.raises(ValueError, match="--cp-comm all-gather .* add --cp 2"):
+    with pytest.raises(ValueError, match=r"--cp-comm all-gather .* add --cp 2"):
         Training(8, cp_comm="all-gather")
     with pytest.raises(ValueError, match="unknown --cp-comm 'ulysses'"):
         Training(8, cp=2, cp_comm="ulysses")

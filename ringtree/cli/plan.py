@@ -81,6 +81,12 @@ def plan(
         help="ZeRO stage: 0 replicated, 1 optimizer, 2 + gradients, 3 + parameters sharded.",
         rich_help_panel="Layout",
     ),
+    shard_group: int = typer.Option(
+        0,
+        help="Data-parallel ranks that shard ZeRO's states, replicated across the rest: HSDP (FSDP's "
+        "HYBRID_SHARD: one node's ranks). 0: all of them.",
+        rich_help_panel="Layout",
+    ),
     flash_attention: bool = typer.Option(
         True,
         "--flash-attention/--no-flash-attention",
@@ -230,7 +236,7 @@ def plan(
     )
     parallel_given = (
         cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
-        or attention_kernel != "fused" or elementwise != "fused" or cp_comm != "p2p"
+        or attention_kernel != "fused" or elementwise != "fused" or cp_comm != "p2p" or shard_group != 0
     )  # fmt: skip
     transformer_only = (
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
@@ -260,7 +266,7 @@ def plan(
                   "--batch-size": None if batch_size == 32 else batch_size}  # fmt: skip
         chosen = {"--tp": tp > 1, "--pp": pp > 1, "--cp": cp > 1, "--virtual-stages": virtual_stages > 1,
                   "--sequence-parallel": sequence_parallel, "--zero": zero > 0,
-                  "--micro-batch": micro_batch is not None}  # fmt: skip
+                  "--shard-group": shard_group != 0, "--micro-batch": micro_batch is not None}  # fmt: skip
         if search:
             _refuse([k for k, v in chosen.items() if v], "--search (it chooses them)")
             attention = {
@@ -275,7 +281,8 @@ def plan(
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
                   "flash_attention": flash_attention, "attention_kernel": attention_kernel,
-                  "elementwise": elementwise, "grad_dtype": grad_dtype, "cp_comm": cp_comm}  # fmt: skip
+                  "elementwise": elementwise, "grad_dtype": grad_dtype, "cp_comm": cp_comm,
+                  "shard_group": shard_group}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -656,7 +663,7 @@ def _transformer(
                 global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
                 layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
-                layout["grad_dtype"], layout["cp_comm"],
+                layout["grad_dtype"], layout["cp_comm"], layout["shard_group"],
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

@@ -63,6 +63,9 @@ class Training:
     # context parallelism's K/V exchange: "p2p", a ring overlapped with the attention (Megatron-Core's
     # default, Transformer Engine); "all-gather", gathered before the attention and exposed (Llama 3)
     cp_comm: str = "p2p"
+    # data-parallel ranks that shard ZeRO's states, replicated across the rest (HSDP: FSDP's
+    # HYBRID_SHARD with one node's ranks, torchtitan's dp_shard x dp_replicate); 0: all of them
+    shard_group: int = 0
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -98,6 +101,10 @@ class Training:
             raise ValueError(f"--cp-comm {self.cp_comm} is how CP ranks exchange K and V: add --cp 2 or more")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
+        if self.shard_group < 0:
+            raise ValueError(f"--shard-group must be at least 1, got {self.shard_group}")
+        if self.shard_group and not self.zero:
+            raise ValueError("--shard-group says how many ranks shard ZeRO's states: add --zero 1, 2 or 3")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("--sequence-parallel splits activations over the TP group: add --tp 2 or more")
         if self.virtual_stages > 1 and (self.pp == 1 or self.schedule != "1f1b"):
@@ -127,7 +134,12 @@ class Training:
             self.virtual_stages,
             self.sequence_parallel,
             self.zero,
+            self.shard_group,
         )
+
+    def shards(self, dp: int) -> int:
+        """The ranks ZeRO shards the states over: the shard group's (all dp by default) x cp."""
+        return (self.shard_group or dp) * self.cp
 
     def micro_batches(self, dp: int) -> int:
         """m = B / (dp b): the micro-batches each pipeline (or each DP rank) runs per step."""
@@ -160,6 +172,11 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
     if model.layers < p:
         raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")
     dp = run.layout.dp(ranks)
+    if run.shard_group and dp % run.shard_group:
+        raise ValueError(
+            f"--shard-group {run.shard_group} must divide the data-parallel degree {dp}; choose a divisor "
+            "of it (one node's data-parallel ranks is HSDP's usual choice)"
+        )
     m = run.micro_batches(dp)
     if v > 1 and m % p:
         raise ValueError(

@@ -4,7 +4,8 @@ States (mixed precision with Adam, ZeRO's accounting): 2 bytes of weights, the g
 gradient dtype (4 bytes in fp32, as Megatron-LM's distributed optimizer counts bf16 training: "bf16
 param, fp32 grads: 6 + 12/d" bytes per parameter, Megatron-LM README, "Distributed Optimizer"; 2 in 16
 bits), 12 of optimizer (fp32 master weights and two moments) per parameter. ZeRO shards them over the
-dp x cp ranks that hold the same weights: 1 the optimizer's 12, 2 the gradients too, 3 the weights
+dp x cp ranks that hold the same weights (with a shard group S, HSDP, over S x cp of them, the
+states replicated across the dp / S groups): 1 the optimizer's 12, 2 the gradients too, 3 the weights
 too (and holds two gathered layers, the one computing and the one prefetched). Under ZeRO-3 the
 sharded states are 16 bytes a parameter whatever the gradient dtype: FSDP2 keeps the sharded
 parameter in fp32 (it is the master: 4), its sharded gradient in the parameter's dtype (4: the
@@ -114,7 +115,7 @@ class Stage:
 def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
     """Every pipeline stage's bytes per GPU."""
     p, t = run.pp, run.tp
-    shard = dp * run.cp
+    shard = run.shards(dp)
     tokens = model.seq // run.cp * run.micro_batch
     layer = activation_bytes_per_layer(model, run)
     out = []

@@ -149,7 +149,9 @@ class Layout:
 
     `virtual_stages` model chunks per pipeline rank (interleaved 1F1B); `sequence_parallel` turns each
     TP all-reduce into a reduce-scatter and an all-gather; `zero` shards optimizer states (1), then
-    gradients (2), then parameters (3) over the dp x cp ranks that hold the same weights.
+    gradients (2), then parameters (3) over the dp x cp ranks that hold the same weights, or with
+    `shard_group` S over S x cp of them, replicated across the dp / S groups (HSDP): the gradients
+    are reduce-scattered inside a group, then each shard all-reduced across the groups.
     """
 
     tp: int = 1
@@ -160,6 +162,7 @@ class Layout:
     virtual_stages: int = 1
     sequence_parallel: bool = False
     zero: int = 0
+    shard_group: int = 0  # data-parallel ranks that shard ZeRO's states; 0: all
 
     def dp(self, ranks: int) -> int:
         split = self.tp * self.pp * self.cp
@@ -356,8 +359,9 @@ class _Groups:
 
     tp: Cluster | None
     cp: Cluster | None
-    dp: Cluster  # the ranks holding the same weights: dp x cp
+    dp: Cluster  # the ranks holding the same weights (dp x cp), or with a shard group its S x cp
     stage: Link
+    replicas: Cluster | None = None  # with a shard group: one rank of each, dp / S ranks
 
 
 def _groups(cluster: Cluster, layout: Layout, dp: int) -> _Groups:
@@ -367,6 +371,10 @@ def _groups(cluster: Cluster, layout: Layout, dp: int) -> _Groups:
     if layout.spread_tp:  # dp innermost: each DP group fills nodes by itself
         local = min(dp, cluster.gpus_per_node)
         dp_g = dataclasses.replace(cluster, nodes=-(-dp // local), gpus_per_node=local)
+    elif layout.shard_group and layout.shard_group < dp:  # HSDP: shard inside, replicate across
+        s = layout.shard_group
+        replicas = dp_group(cluster, tp * cp * s, dp // s)
+        return _Groups(tp_g, cp_g, dp_group(cluster, tp, s * cp), stage_link(cluster, tp * cp * dp), replicas)
     else:
         dp_g = dp_group(cluster, tp, dp * cp)
     return _Groups(tp_g, cp_g, dp_g, stage_link(cluster, tp * cp * dp))
@@ -403,11 +411,18 @@ def _sizes(work: StepWork) -> list[int]:
     return buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
 
 
-def _reduce_s(work: StepWork, layout: Layout, group: Cluster, algorithm: str) -> tuple[float, list[float]]:
-    """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter."""
+def _reduce_s(work: StepWork, layout: Layout, g: _Groups, algorithm: str) -> tuple[float, list[float]]:
+    """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter; with a shard
+    group, the reduce-scatter inside it and then the all-reduce of its shard across the groups."""
     kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
     sizes = _sizes(work)
-    cache = {n: collective_s(kind, algorithm, group, n, work.itemsize) for n in set(sizes)}
+    share = g.dp.ranks
+
+    def one(n: int) -> float:
+        across = collective_s("all_reduce", algorithm, g.replicas, n // share, work.itemsize)
+        return collective_s(kind, algorithm, g.dp, n, work.itemsize) + across
+
+    cache = {n: one(n) for n in set(sizes)}
     times = [cache[n] for n in sizes]
     return sum(times), times
 
@@ -432,7 +447,7 @@ def predict(
     makespan = _pipeline_s(work, layout, g.stage, forward, backward, fast) if pp > 1 else busy
     bubble = makespan - busy
     makespan += work.sync_wait_s
-    reduce_s, times = _reduce_s(work, layout, g.dp, algorithm)
+    reduce_s, times = _reduce_s(work, layout, g, algorithm)
     if (work.overlap or layout.zero == 3) and times:  # FSDP reduce-scatters each layer in its backward
         # bucket i starts once the last backward has produced it and bucket i-1 is done, so the last
         # ends at max over i of (bucket i's start + the times of buckets i..k)

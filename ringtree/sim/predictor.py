@@ -101,7 +101,7 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         activation_bytes=tokens * model.hidden * ITEMSIZE // t,  # scatter-gather over the TP ranks
         flops=model.model_flops(run.global_batch),
         peak_flops=gpu.peak(run.dtype),
-        optimizer_s=2 * states_bytes(stage_params, run, dp * run.cp) / (gpu.hbm_GBps * 1e9),
+        optimizer_s=2 * states_bytes(stage_params, run, run.shards(dp)) / (gpu.hbm_GBps * 1e9),
         layers=layers,
         cp_bytes=2 * run.micro_batch * model.seq * model.kv_hidden // t * ITEMSIZE if run.cp > 1 else 0,
         attention_s=attention,
