@@ -5,10 +5,10 @@ the figure they published and where) becomes the planner's contract command
 
     ringtree plan --model transformer --layers L --hidden H --heads A [--kv-heads K]
         [--ffn-hidden F] [--mlp gelu|swiglu] [--no-dropout] --seq S --vocab V --global-batch B --micro-batch b
-        --tp T --pp P [--cp C] [--cp-comm all-gather] [--virtual-stages V] [--sequence-parallel] [--zero Z]
-        [--overlap] [--no-flash-attention] [--attention-kernel flash2] [--elementwise eager]
-        [--grad-dtype bf16] [--bucket-mb MiB]
-        --nodes N --cluster NAME
+        --tp T --pp P [--cp C] [--cp-comm all-gather] [--virtual-stages V] [--sequence-parallel]
+        [--zero Z] [--shard-group S] [--overlap] [--no-flash-attention] [--attention-kernel flash2]
+        [--elementwise eager] [--grad-dtype bf16] [--bucket-mb MiB]
+        --nodes N --cluster NAME [--inter LINK --nics-per-node K]
         --dtype fp16|bf16 --recompute none|selective|full --json OUT
 
 (optional flags only where the row needs them), which is run; `step_s`, `mfu` and `memory.fits`
@@ -74,6 +74,7 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--virtual-stages", str(t["virtual_stages"])] if t["virtual_stages"] > 1 else []
     args += ["--sequence-parallel"] if t["sequence_parallel"] else []
     args += ["--zero", str(t["zero"])] if t["zero"] else []
+    args += ["--shard-group", str(t["shard_group"])] if t.get("shard_group") else []
     args += ["--overlap"] if t.get("overlap") else []
     args += ["--no-flash-attention"] if not t.get("flash_attention", True) else []
     kernel = t.get("attention_kernel", "fused")
@@ -83,6 +84,7 @@ def command(row: dict[str, Any], out: Path) -> list[str]:
     args += ["--grad-dtype", grads] if grads != ("fp32" if t["dtype"] == "bf16" else t["dtype"]) else []
     args += ["--bucket-mb", f"{t['bucket_mb']:g}"] if t.get("bucket_mb", 25.0) != 25.0 else []
     args += ["--nodes", str(s["gpus"] // s["gpus_per_node"]), "--cluster", s["cluster"]]
+    args += ["--inter", s["inter"], "--nics-per-node", str(s["nics_per_node"])] if "inter" in s else []
     return [*args, "--dtype", t["dtype"], "--recompute", t["recompute"], "--json", str(out)]
 
 
@@ -212,7 +214,8 @@ def _layout(row: dict[str, Any]) -> str:
         + [f"CP{t['cp']}" + (" all-gather" if t.get("cp_comm", "p2p") != "p2p" else "")] * (t["cp"] > 1)
         + [f"VP{t['virtual_stages']}"] * (t["virtual_stages"] > 1)
     )
-    parts += ["SP"] * t["sequence_parallel"] + [f"ZeRO-{t['zero']}"] * (t["zero"] > 0) + [t["recompute"]]
+    parts += ["SP"] * t["sequence_parallel"] + [f"ZeRO-{t['zero']}"] * (t["zero"] > 0)
+    parts += [f"HSDP{t.get('shard_group')}"] * bool(t.get("shard_group")) + [t["recompute"]]
     return " ".join(parts)
 
 

@@ -127,6 +127,27 @@ def test_llm_foundry_throughputs_match_their_mfu_and_per_gpu_columns() -> None:
     assert checked == 31
 
 
+def test_ibm_fms_fsdp_throughputs_match_their_mfu_column() -> None:
+    """A transcription check of the IBM fms-fsdp rows: tokens/s/GPU gives the MFU column by the
+    formula the README names (nanoGPT's and PaLM's 6 N + 12 l h q T FLOPs per token, T the sequence),
+    N Llama 2 7B's parameters, the peak 312 (A100) or 989 (H100) TFLOP/s; rounded to 0.01."""
+    checked = 0
+    for r in rows():
+        if r["source"] != "ibm-fms-fsdp":
+            continue
+        m = r["model"]
+        h, f, v, layers = m["hidden"], m["ffn_hidden"], m["vocab"], m["layers"]
+        params = layers * (4 * h * h + 3 * h * f + 2 * h) + 2 * v * h + h  # untied, RMSNorm weights
+        assert params == pytest.approx(6.74e9, rel=0.001)  # Llama 2 7B
+        per_token = 6 * params + 12 * layers * h * m["seq"]
+        peak = 989e12 if r["system"]["gpu"].startswith("H100") else 312e12
+        mfu = per_token * r["measured"]["value"] / peak
+        assert mfu == pytest.approx(r["also_published"]["mfu"], abs=0.006), r["id"]  # H100: 0.455 shown 0.46
+        assert r["training"]["shard_group"] == r["system"]["gpus_per_node"]  # HSDP: one node's ranks
+        checked += 1
+    assert checked == 2
+
+
 def test_megatron_table_tflops_match_its_mfu_column() -> None:
     """Megatron-LM's table: per-GPU TFLOP/s / 989 is the MFU column (rounded to 1%)."""
     table = [
