@@ -136,6 +136,40 @@ def test_a_shard_group_shards_inside_it_and_reduces_across_the_groups() -> None:
         check(SMALL, Training(32, zero=3, shard_group=5), 32)
 
 
+def test_block_recompute_reruns_only_its_layers() -> None:
+    """--recompute full --recompute-layers K (Megatron's block method): K layers of each stage (of
+    each chunk when interleaved) rerun their forward and store only their input; the rest store all."""
+    from ringtree.sim.predictor import layer_times, work
+
+    gpu, model = H100.gpu, MODELS["llama3-8b"]
+    none, full = Training(16, recompute="none"), Training(16, recompute="full")
+    block = Training(16, recompute="full", recompute_layers=12)
+    _, b_none, _ = layer_times(model, none, gpu)
+    _, b_full, _ = layer_times(model, full, gpu)
+    w = work(model, block, gpu, 1)
+    logits = work(model, none, gpu, 1).backward_s - model.layers * b_none
+    assert w.backward_s == pytest.approx(12 * b_full + 20 * b_none + logits)
+    assert w.forward_s == pytest.approx(work(model, none, gpu, 1).forward_s)
+    share = 12 / 32
+    assert w.hardware_flops == pytest.approx(
+        share * model.step_flops(16, "full") + (1 - share) * model.step_flops(16, "none")
+    )
+    assert Training(16, recompute="full", recompute_layers=40).recomputed(32) == 32  # all of them
+    assert Training(64, pp=4, virtual_stages=2, recompute="full", recompute_layers=2).recomputed(8) == 4
+    acts = [stages(model, r, 1, 1)[0].activations for r in (none, block, full)]
+    assert acts[2] < acts[1] < acts[0]
+    kept, stored = activation(model, none), activation(model, full)  # a layer's, one micro-batch
+    assert acts[1] - acts[2] == pytest.approx(20 * (kept - stored))  # 20 layers keep everything
+    with pytest.raises(ValueError, match="add --recompute full"):
+        Training(16, recompute="selective", recompute_layers=2)
+
+
+def activation(model: Transformer, run: Training) -> float:
+    from ringtree.sim.memory import activation_bytes_per_layer
+
+    return activation_bytes_per_layer(model, run)
+
+
 def test_sequence_parallel_moves_the_all_reduces_bytes_and_divides_norm_activations() -> None:
     cluster = H100.cluster(1)
     tp, sp = (plan(SMALL, Training(16, tp=4, sequence_parallel=s), cluster, H100.gpu) for s in (False, True))

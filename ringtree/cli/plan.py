@@ -125,6 +125,13 @@ def plan(
         "per-op selective AC, every second matmul and the elementwise ops rerun).",
         rich_help_panel="Layout",
     ),
+    recompute_layers: int = typer.Option(
+        0,
+        help="With --recompute full: only this many layers of each stage (of each chunk when "
+        "interleaved) recompute, the rest keep their activations (Megatron's --recompute-method block "
+        "--recompute-num-layers). 0: all.",
+        rich_help_panel="Layout",
+    ),
     search: bool = typer.Option(
         False, help="Rank every TP x PP x DP x micro-batch that fits in memory.", rich_help_panel="Layout"
     ),
@@ -237,6 +244,7 @@ def plan(
     parallel_given = (
         cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
         or attention_kernel != "fused" or elementwise != "fused" or cp_comm != "p2p" or shard_group != 0
+        or recompute_layers != 0
     )  # fmt: skip
     transformer_only = (
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
@@ -266,7 +274,8 @@ def plan(
                   "--batch-size": None if batch_size == 32 else batch_size}  # fmt: skip
         chosen = {"--tp": tp > 1, "--pp": pp > 1, "--cp": cp > 1, "--virtual-stages": virtual_stages > 1,
                   "--sequence-parallel": sequence_parallel, "--zero": zero > 0,
-                  "--shard-group": shard_group != 0, "--micro-batch": micro_batch is not None}  # fmt: skip
+                  "--shard-group": shard_group != 0, "--recompute-layers": recompute_layers != 0,
+                  "--micro-batch": micro_batch is not None}  # fmt: skip
         if search:
             _refuse([k for k, v in chosen.items() if v], "--search (it chooses them)")
             attention = {
@@ -282,7 +291,7 @@ def plan(
                   "sequence_parallel": sequence_parallel, "zero": zero,
                   "flash_attention": flash_attention, "attention_kernel": attention_kernel,
                   "elementwise": elementwise, "grad_dtype": grad_dtype, "cp_comm": cp_comm,
-                  "shard_group": shard_group}  # fmt: skip
+                  "shard_group": shard_group, "recompute_layers": recompute_layers}  # fmt: skip
         return _transformer(
             model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
             schedule, links, algorithm, search, json_path, legacy,
@@ -663,7 +672,7 @@ def _transformer(
                 global_batch, micro_batch, layout["tp"], layout["pp"], dtype, recompute or "none", overlap,
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
                 layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
-                layout["grad_dtype"], layout["cp_comm"], layout["shard_group"],
+                layout["grad_dtype"], layout["cp_comm"], layout["shard_group"], layout["recompute_layers"],
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

@@ -66,6 +66,9 @@ class Training:
     # data-parallel ranks that shard ZeRO's states, replicated across the rest (HSDP: FSDP's
     # HYBRID_SHARD with one node's ranks, torchtitan's dp_shard x dp_replicate); 0: all of them
     shard_group: int = 0
+    # with recompute "full": the layers of each model chunk that recompute, the rest keep their
+    # activations (Megatron's --recompute-method block --recompute-num-layers); 0: all of them
+    recompute_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -101,6 +104,13 @@ class Training:
             raise ValueError(f"--cp-comm {self.cp_comm} is how CP ranks exchange K and V: add --cp 2 or more")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"--zero {self.zero} is not a ZeRO stage; choose 0, 1, 2 or 3")
+        if self.recompute_layers < 0:
+            raise ValueError(f"--recompute-layers must be at least 1, got {self.recompute_layers}")
+        if self.recompute_layers and self.recompute != "full":
+            raise ValueError(
+                "--recompute-layers says how many layers of each stage recompute their forward: "
+                "add --recompute full"
+            )
         if self.shard_group < 0:
             raise ValueError(f"--shard-group must be at least 1, got {self.shard_group}")
         if self.shard_group and not self.zero:
@@ -136,6 +146,16 @@ class Training:
             self.zero,
             self.shard_group,
         )
+
+    def recomputed(self, layers: int) -> int:
+        """How many of a stage's `layers` recompute their forward: all under `full` (or the first
+        recompute_layers of each of its virtual_stages chunks), none otherwise."""
+        if self.recompute != "full":
+            return 0
+        if not self.recompute_layers:
+            return layers
+        chunk = -(-layers // self.virtual_stages)
+        return min(layers, min(self.recompute_layers, chunk) * self.virtual_stages)
 
     def shards(self, dp: int) -> int:
         """The ranks ZeRO shards the states over: the shard group's (all dp by default) x cp."""

@@ -118,6 +118,7 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
     shard = run.shards(dp)
     tokens = model.seq // run.cp * run.micro_batch
     layer = activation_bytes_per_layer(model, run)
+    kept = activation_bytes_per_layer(model, run, "none")
     out = []
     for j, n in enumerate(stage_layers(model.layers, p)):
         params = n * model.layer_params
@@ -127,9 +128,10 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
         states = states_bytes(params / t, run, shard)
         if run.zero >= 3:
             states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
-        acts = in_flight(run, m, j) * n * layer
-        if run.recompute in ("full", "op"):
-            acts += activation_bytes_per_layer(model, run, "none")  # the layer being rebuilt
+        redo = run.recomputed(n) if run.recompute == "full" else n  # layers stored as the run says
+        acts = in_flight(run, m, j) * (redo * layer + (n - redo) * kept)
+        if run.recompute in ("full", "op") and redo:
+            acts += kept  # the layer being rebuilt
         if j == p - 1:  # the logits and their gradient, fp32 for the loss
             acts += 4 * tokens * model.vocab / t
         out.append(Stage(states, acts))

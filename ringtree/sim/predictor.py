@@ -76,13 +76,19 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
     logits (output layer and loss) sit on the last stage, as Megatron-LM's `post_process` puts them."""
     t, p = run.tp, run.pp
     forward, backward, attention = layer_times(model, run, gpu)
+    kept = layer_times(model, dataclasses.replace(run, recompute="none", recompute_layers=0), gpu)[1]
     tokens = run.micro_batch * model.seq // run.cp
     logits = compute.logits_s(model, tokens, t, gpu, run.dtype)
     counts = stage_layers(model.layers, p)
+    redo = [run.recomputed(n) if run.recompute == "full" else n for n in counts]  # layers priced as run
     fs = tuple(n * forward + (logits if j == p - 1 else 0.0) for j, n in enumerate(counts))
-    bs = tuple(n * backward + (2 * logits if j == p - 1 else 0.0) for j, n in enumerate(counts))
+    bs = tuple(
+        r * backward + (n - r) * kept + (2 * logits if j == p - 1 else 0.0)
+        for j, (n, r) in enumerate(zip(counts, redo, strict=True))
+    )
     k = max(range(p), key=lambda j: fs[j] + bs[j])  # the slowest stage sets the pace
     layers = float(counts[k])
+    share = sum(redo) / model.layers  # of the model's layers, priced with the run's recompute
     stage_params = model.params / (t * p)
     m = run.micro_batches(dp)
     return StepWork(
@@ -97,7 +103,7 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         samples=run.global_batch,
         tp_bytes=tokens * model.hidden * ITEMSIZE,
         tp_forward=round(2 * layers),
-        tp_backward=round((2 + _tp_rerun(run)) * layers),
+        tp_backward=round(2 * layers + _tp_rerun(run) * redo[k]),
         activation_bytes=tokens * model.hidden * ITEMSIZE // t,  # scatter-gather over the TP ranks
         flops=model.model_flops(run.global_batch),
         peak_flops=gpu.peak(run.dtype),
@@ -106,7 +112,8 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         cp_bytes=2 * run.micro_batch * model.seq * model.kv_hidden // t * ITEMSIZE if run.cp > 1 else 0,
         attention_s=attention,
         cp_overlap=run.cp_comm == "p2p",
-        hardware_flops=model.step_flops(run.global_batch, run.recompute),
+        hardware_flops=share * model.step_flops(run.global_batch, run.recompute)
+        + (1 - share) * model.step_flops(run.global_batch, "none"),
         stage_forward_s=fs if p > 1 else (),
         stage_backward_s=bs if p > 1 else (),
     )
