@@ -172,17 +172,31 @@ def test_an_interrupt_python_dropped_is_still_acted_on() -> None:
     interrupt.check()  # cleared on leaving: the next run starts clean
 
 
+def test_an_ignored_sigint_inherited_from_a_background_shell_still_stops_the_run() -> None:
+    """`cmd &` in a script starts cmd with SIGINT ignored (and CI runners often do): the run still
+    takes Ctrl-C, and the ignored disposition comes back when it ends."""
+    from ringtree.emulate import interrupt
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt.interruptible():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_ctrl_c_while_the_nodes_are_removed_waits_for_the_end() -> None:
     from ringtree.emulate import interrupt
 
     done: list[str] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # pytest's, or inherited
     with pytest.raises(KeyboardInterrupt), interrupt.interruptible(), interrupt.deferred():
         signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGTERM)
         done.append("removed")
     assert done == ["removed"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # both restored
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert {s: signal.getsignal(s) for s in before} == before  # both restored
 
 
 def test_bench_rows_carry_the_node_shape(tmp_path: Path) -> None:

@@ -3,7 +3,10 @@
 Python drops an exception that is raised while a finalizer (`__del__`, a weakref callback) runs:
 it prints "Exception ignored in ..." and carries on. A Ctrl-C that lands there would be lost and
 the job would run to its end with the user's terminal waiting. So the signal also sets a flag
-that the wait loop checks (`check`), and a mask inherited from the parent cannot hold it back.
+that the wait loop checks (`check`), and neither a mask nor an ignored SIGINT inherited from the
+parent holds it back: a shell starts a background job (`cmd &`) with SIGINT ignored, and an emulate
+run there must still stop and remove its nodes when sent one, as `ringtree train` and `bench` do
+(torch's elastic launcher installs its handler whatever it inherits).
 """
 
 from __future__ import annotations
@@ -25,14 +28,13 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """Within: SIGINT (unless the parent made us ignore it, as shells do for background jobs) and
-    SIGTERM raise KeyboardInterrupt and set the flag; both are unblocked. Restored on leaving."""
+    """Within: SIGINT and SIGTERM raise KeyboardInterrupt and set the flag, whatever was inherited
+    (ignored, blocked); restored on leaving."""
     _requested.clear()
     previous = {s: signal.getsignal(s) for s in SIGNALS}
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
     for s in SIGNALS:
-        if previous[s] is not signal.SIG_IGN or s is signal.SIGTERM:
-            signal.signal(s, _raise)
+        signal.signal(s, _raise)
     try:
         yield
     finally:
