@@ -9,7 +9,7 @@ the figure they published and where) becomes the planner's contract command
         [--zero Z] [--shard-group S] [--overlap] [--no-flash-attention] [--attention-kernel flash2]
         [--elementwise eager] [--grad-dtype bf16] [--bucket-mb MiB]
         --nodes N --cluster NAME [--inter LINK --nics-per-node K]
-        --dtype fp16|bf16 --recompute none|selective|full --json OUT
+        --dtype fp16|bf16 --recompute none|selective|full|op|dots [--recompute-layers K] --json OUT
 
 (optional flags only where the row needs them), which is run; `step_s`, `mfu` and `memory.fits`
 are read from its JSON. A row whose options the planner refuses (exit code 2: an option it does

@@ -180,3 +180,28 @@ def test_search_tries_megatrons_three_recompute_modes_only() -> None:
         for r in group
     }
     assert found == set(SEARCHED) and "op" not in found
+
+
+def test_dots_recompute_reruns_the_mlp_input_projections_and_the_attention() -> None:
+    """MaxText's save_dot_except_mlpwi saves the Q, K, V, output-projection and down-projection
+    outputs ("query_proj", "value_proj", "key_proj", "out_proj", "mlpwo"); the MLP's input
+    projections (w1, w3), the attention and the elementwise ops rerun."""
+    h, kv, f, tokens = MODEL.hidden, MODEL.kv_hidden, MODEL.ffn_hidden, 1000
+    assert MODEL.dots_recomputed() == [(h, f), (h, f)]
+    assert MODEL.recompute_flops(tokens, "dots") == 2 * tokens * 2 * h * f + MODEL.attention_flops(tokens)
+    forward, back_dots, attention = layer_times(MODEL, Training(8, recompute="dots"), H100)
+    _, back_none, _ = layer_times(MODEL, Training(8), H100)
+    _, back_full, _ = layer_times(MODEL, Training(8, recompute="full"), H100)
+    assert attention < back_dots - back_none < back_full - back_none == pytest.approx(forward)
+    sbh = 2048 * 2 * h
+    stored = activation_bytes_per_layer(MODEL, Training(8, 2, recompute="dots"))
+    assert stored == pytest.approx((8 + 4 * kv / h) * sbh)  # the input, Q, K, V and two h-wide outputs
+    full, none = (activation_bytes_per_layer(MODEL, Training(8, 2, recompute=r)) for r in ("full", "none"))
+    assert full < stored < none
+    sp = {
+        r: work(MODEL, Training(8, tp=4, sequence_parallel=True, recompute=r), H100, 2)
+        for r in ("none", "dots")
+    }
+    assert sp["dots"].tp_backward == 2 * MODEL.layers + round(
+        0.5 * MODEL.layers
+    )  # the MLP input's all-gather

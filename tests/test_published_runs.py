@@ -74,12 +74,13 @@ def test_row_is_consistent(run_id: str) -> None:
     if "uneven pipeline" not in r.get("notes", ""):
         assert m["layers"] % (t["pp"] * t["virtual_stages"]) == 0
     assert t["virtual_stages"] == 1 or t["pp"] > 1
-    assert t["zero"] in {0, 1, 2, 3} and t["recompute"] in {"none", "selective", "full", "op"}
+    assert t["zero"] in {0, 1, 2, 3} and t["recompute"] in {"none", "selective", "full", "op", "dots"}
     assert (
         t["recompute"] != "op"
         or "selective_ac_option = 'op'" in r["assumed"]["recompute"]
         or ("per op SAC" in r["assumed"]["recompute"])
     ), "torchtitan's per-op AC: quote where the source says so"
+    assert t["recompute"] != "dots" or "save_dot_except_mlpwi" in r["assumed"]["recompute"]
     assert t["dtype"] in {"fp16", "bf16"}
     assert t.get("elementwise", "fused") in {"fused", "eager"}
     # every row says whether it trained with dropout and in which dtype it reduced its gradients, and why

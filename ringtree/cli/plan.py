@@ -121,8 +121,10 @@ def plan(
     ),
     recompute: str | None = typer.Option(
         None,
-        help="Transformer model: activation recompute none (default)|selective|full|op (op: torchtitan's "
-        "per-op selective AC, every second matmul and the elementwise ops rerun).",
+        help="Transformer model: activation recompute none (default)|selective|full|op|dots (op: "
+        "torchtitan's per-op selective AC, every second matmul and the elementwise ops rerun; dots: "
+        "MaxText's save_dot_except_mlpwi, the MLP's input projections, the attention and the elementwise "
+        "ops rerun).",
         rich_help_panel="Layout",
     ),
     recompute_layers: int = typer.Option(

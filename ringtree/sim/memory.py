@@ -50,6 +50,8 @@ def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str
         return 2.0 * shared
     if (recompute or run.recompute) == "op":
         return 2.0 * shared + _op_saved(model, run, sbh)
+    if (recompute or run.recompute) == "dots":  # the input, Q, K, V and the two row-parallel outputs
+        return 2.0 * (3 * shared + sbh * (model.hidden + 2 * model.kv_hidden) / model.hidden / t)
     attention = (4 + 4 * model.kv_hidden / model.hidden) * sbh / t
     if not run.flash_attention and (recompute or run.recompute) == "none":  # softmax (and dropout)
         scores = 5 if model.dropout else 2
@@ -130,7 +132,7 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
             states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
         redo = run.recomputed(n) if run.recompute == "full" else n  # layers stored as the run says
         acts = in_flight(run, m, j) * (redo * layer + (n - redo) * kept)
-        if run.recompute in ("full", "op") and redo:
+        if run.recompute in ("full", "op", "dots") and redo:
             acts += kept  # the layer being rebuilt
         if j == p - 1:  # the logits and their gradient, fp32 for the loss
             acts += 4 * tokens * model.vocab / t

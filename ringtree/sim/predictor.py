@@ -41,9 +41,14 @@ def layer_times(model: Transformer, run: Training, gpu: GPU) -> tuple[float, flo
         other_back = 2 * other
     forward = mats + attention + other
     backward = 2 * mats + other_back + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
-    redo = {"none": 0.0, "selective": attention, "full": forward, "op": 0.0}[run.recompute]
+    redo = {"none": 0.0, "selective": attention, "full": forward, "op": 0.0, "dots": 0.0}[run.recompute]
     if run.recompute == "op":  # every second matmul and every elementwise op, the attention saved
         redo = other + _op_matmuls_s(model, tokens, run, gpu)
+    if run.recompute == "dots":  # the MLP's input projections (column-parallel), the attention, the rest
+        mlp_in = sum(
+            compute.gemm_s(tokens, n // run.tp, k, gpu, run.dtype) for k, n in model.dots_recomputed()
+        )
+        redo = other + attention + mlp_in
     return forward, backward + redo, attention
 
 
@@ -60,14 +65,18 @@ def _op_matmuls_s(model: Transformer, tokens: int, run: Training, gpu: GPU) -> f
     )
 
 
-def _tp_rerun(run: Training) -> int:
+def _tp_rerun(run: Training) -> float:
     """TP collectives (in all-reduces' worth) a layer's recompute runs again: `full` its forward's
     two; `op` the collectives whose outputs torchtitan does not save (it saves reduce-scatters):
-    with sequence parallelism the two all-gathers (one all-reduce's worth), else the two all-reduces."""
+    with sequence parallelism the two all-gathers (one all-reduce's worth), else the two all-reduces;
+    `dots` the MLP input's: its all-gather (half an all-reduce) with sequence parallelism, else the
+    all-reduce of the saved output projection's partial sums."""
     if run.recompute == "full":
         return 2
     if run.recompute == "op":
         return 1 if run.sequence_parallel else 2
+    if run.recompute == "dots":
+        return 0.5 if run.sequence_parallel else 1
     return 0
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-RECOMPUTE = ("none", "selective", "full", "op")
+RECOMPUTE = ("none", "selective", "full", "op", "dots")
 SEARCHED = RECOMPUTE[:3]  # what `plan --search` tries: Megatron-LM's three
 MLPS = ("gelu", "swiglu")
 
@@ -121,12 +121,22 @@ class Transformer:
         transformer block): the 2nd, 4th and 6th (K, the output projection, w3)."""
         return self.matmul_shapes()[1::2]
 
+    def dots_recomputed(self) -> list[tuple[int, int]]:
+        """The matmuls MaxText's `save_dot_except_mlpwi` reruns in the backward: the MLP's input
+        projections (its "mlpwi", w1 and w3 under SwiGLU, GeLU's first); every other matmul's output
+        is saved (`save_only_these_names("query_proj", "value_proj", "key_proj", "qkv_proj",
+        "out_proj", "mlpwo")`, MaxText's get_remat_policy)."""
+        shapes = self.matmul_shapes()
+        return shapes[4:6] if self.mlp == "swiglu" else shapes[4:5]
+
     def recompute_flops(self, tokens: int, recompute: str) -> float:
         """Extra forward FLOPs per layer in the backward."""
         if recompute == "full":
             return self.layer_flops(tokens)
         if recompute == "op":
             return 2.0 * tokens * sum(k * n for k, n in self.op_recomputed())
+        if recompute == "dots":  # the MLP's input projections and the attention (its output is not saved)
+            return 2.0 * tokens * sum(k * n for k, n in self.dots_recomputed()) + self.attention_flops(tokens)
         return self.attention_flops(tokens) if recompute == "selective" else 0.0
 
     def step_flops(self, samples: int, recompute: str = "none") -> float:
