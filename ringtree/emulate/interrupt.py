@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.getsignal returns
 _requested = threading.Event()
 
 
@@ -38,10 +40,15 @@ def interruptible() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        _restore(previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _requested.clear()
+
+
+def _restore(previous: dict[signal.Signals, _Handler]) -> None:
+    """Put the handlers back (one installed outside Python reads as None: the default then)."""
+    for s, handler in previous.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def check() -> None:
@@ -62,8 +69,7 @@ def deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        _restore(previous)
         if came and callable(previous[signal.Signals(came[0])]):  # a handler, not SIG_IGN/SIG_DFL
             _requested.set()
             raise KeyboardInterrupt
