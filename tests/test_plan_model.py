@@ -154,8 +154,9 @@ def test_block_recompute_reruns_only_its_layers() -> None:
     assert w.hardware_flops == pytest.approx(
         share * model.step_flops(16, "full") + (1 - share) * model.step_flops(16, "none")
     )
-    assert Training(16, recompute="full", recompute_layers=40).recomputed(32) == 32  # all of them
-    assert Training(64, pp=4, virtual_stages=2, recompute="full", recompute_layers=2).recomputed(8) == 4
+    assert Training(16, recompute="full", recompute_layers=40).mode_layers(32) == 32  # all of them
+    assert Training(64, pp=4, virtual_stages=2, recompute="full", recompute_layers=2).mode_layers(8) == 4
+    assert Training(16, recompute="selective").mode_layers(32) == 32  # every layer runs the mode
     acts = [stages(model, r, 1, 1)[0].activations for r in (none, block, full)]
     assert acts[2] < acts[1] < acts[0]
     kept, stored = activation(model, none), activation(model, full)  # a layer's, one micro-batch
@@ -391,3 +392,25 @@ def test_every_collective_is_priced_as_ringtree_sim_prices_it() -> None:
     assert one.method == "nccl-model"
     per_step = row.micro_batches * 4 * SMALL.layers  # 2 forward + 2 backward per layer
     assert row.tp_comm_s == pytest.approx(per_step * one.seconds)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--shard-group", "8", "--search"], "--shard-group"),
+        (["--recompute", "full", "--recompute-layers", "4", "--search"], "--recompute-layers"),
+        (["--recompute-layers", "4"], "add --recompute full"),
+        (["--recompute", "full", "--recompute-layers", "-1"], "at least 1"),
+        (["--zero", "3", "--shard-group", "3"], "--shard-group 3 must divide the data-parallel degree 16"),
+        (["--shard-group", "8"], "add --zero 1, 2 or 3"),
+    ],
+)
+def test_new_layout_options_refused_on_the_command_line(extra: list[str], words: str, tmp_path: Path) -> None:
+    """Exit 2 with one sentence naming the option, nothing written; with --search, which shards over
+    all of DP and prices whole-model recompute, neither option is silently dropped."""
+    out = tmp_path / "p.json"
+    base = ["plan", "--model", "llama3-8b", "--nodes", "2", "--cluster", "dgx-h100", "--global-batch", "32"]
+    result = runner.invoke(app, [*base, *extra, "--json", str(out)])
+    said = " ".join(re.sub("[│╭╮╰╯─]", " ", result.output).split())
+    assert result.exit_code == 2 and words in said, result.output
+    assert "Traceback" not in result.output and not out.exists()

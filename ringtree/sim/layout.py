@@ -147,11 +147,10 @@ class Training:
             self.shard_group,
         )
 
-    def recomputed(self, layers: int) -> int:
-        """How many of a stage's `layers` recompute their forward: all under `full` (or the first
-        recompute_layers of each of its virtual_stages chunks), none otherwise."""
-        if self.recompute != "full":
-            return 0
+    def mode_layers(self, layers: int) -> int:
+        """How many of a stage's `layers` run the recompute mode: all of them, but under block
+        recompute (`full` with recompute_layers) the first recompute_layers of each of its
+        virtual_stages chunks; the others keep all their activations and recompute nothing."""
         if not self.recompute_layers:
             return layers
         chunk = -(-layers // self.virtual_stages)

@@ -130,7 +130,7 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
         states = states_bytes(params / t, run, shard)
         if run.zero >= 3:
             states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
-        redo = run.recomputed(n) if run.recompute == "full" else n  # layers stored as the run says
+        redo = run.mode_layers(n)
         acts = in_flight(run, m, j) * (redo * layer + (n - redo) * kept)
         if run.recompute in ("full", "op", "dots") and redo:
             acts += kept  # the layer being rebuilt

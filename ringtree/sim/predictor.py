@@ -89,7 +89,7 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
     tokens = run.micro_batch * model.seq // run.cp
     logits = compute.logits_s(model, tokens, t, gpu, run.dtype)
     counts = stage_layers(model.layers, p)
-    redo = [run.recomputed(n) if run.recompute == "full" else n for n in counts]  # layers priced as run
+    redo = [run.mode_layers(n) for n in counts]
     fs = tuple(n * forward + (logits if j == p - 1 else 0.0) for j, n in enumerate(counts))
     bs = tuple(
         r * backward + (n - r) * kept + (2 * logits if j == p - 1 else 0.0)
