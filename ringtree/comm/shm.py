@@ -386,7 +386,10 @@ class _Doorbells:
         wait = peers if wait is None else wait
         self.epoch += 1
         for q in peers:
-            os.write(self.outboxes[q], self.token)
+            try:
+                os.write(self.outboxes[q], self.token)
+            except BrokenPipeError:  # nobody reads q's pipe any more: q has exited
+                raise RuntimeError(self._gone([q])) from None
         for q in wait:
             self.expected[q] += 1
         deadline = time.monotonic() + timeout.total_seconds()
