@@ -75,14 +75,13 @@ class Storage:
 
     def __init__(self, schedule: Schedule, rank: int, input: torch.Tensor, output: torch.Tensor) -> None:
         self.layout = layout(schedule, rank)
-        self.tensors = {
-            "in": input,
-            "out": output,
-            "relay": torch.empty(self.layout.relay_count, dtype=input.dtype, device=input.device),
-        }
+        self.tensors = {"in": input, "out": output}
 
     def view(self, op: Op) -> torch.Tensor:
         where, at = self.layout.places[op.start]
+        if where not in self.tensors:  # scratch for forwarded blocks, made when first needed
+            like = self.tensors["in"]
+            self.tensors[where] = torch.empty(self.layout.relay_count, dtype=like.dtype, device=like.device)
         return self.tensors[where][at : at + op.numel]
 
 
