@@ -97,7 +97,7 @@ def all_to_all_single(
     """
     valid = [*algorithms(COLLECTIVE), AUTO]
     call = _Call(COLLECTIVE, algorithm, input, "sum", group, topology, timeout_s, valid=valid)
-    p, rank = call.world_size, call.rank
+    p = call.world_size
     _check_tensors(input, output)
     row = math.prod(input.shape[1:])
     sends = _rows(input, input_split_sizes, p, "input")
@@ -115,31 +115,39 @@ def all_to_all_single(
             algorithm = choose(p, mean, p > 1 and shm.usable(input.device, pg, call.timeout))
             call.algorithm = algorithm
         if algorithm == NATIVE:
+            out = output if output.is_contiguous() else output.contiguous()
             work = dist.all_to_all_single(
-                output, input.contiguous(), list(receives), list(sends), group=group, async_op=True
+                out, input.contiguous(), list(receives), list(sends), group=group, async_op=True
             )
             call.wait_native(work, "native")
+            if out is not output:
+                output.copy_(out)
             return output
-        flat_in = input.contiguous().view(-1)
-        if output.data_ptr() == input.data_ptr() and output.numel():
-            flat_in = flat_in.clone()
-        with _Flat(output) as flat_out:
-            request = schedules.Request(
-                COLLECTIVE, algorithm, call.topology, sum(matrix), input.element_size(), 0, matrix
-            )
-            schedule = schedules.build(request)
-            what = f"ringtree all_to_all(algorithm={algorithm!r}, count={flat_in.numel()})"
-            exchange.execute(
-                flat_in,
-                flat_out,
-                schedule,
-                rank,
-                peers=call.peers,
-                group=group,
-                timeout=call.timeout,
-                what=what,
-            )
+        _run_schedule(call, algorithm, input, output, matrix)
         return output
+
+
+def _run_schedule(
+    call: _Call, algorithm: str, input: torch.Tensor, output: torch.Tensor, matrix: tuple[int, ...]
+) -> None:
+    """Build the schedule for the block matrix (elements) and run this rank's part of it."""
+    flat_in = input.contiguous().view(-1)
+    if output.data_ptr() == input.data_ptr() and output.numel():
+        flat_in = flat_in.clone()
+    with _Flat(output) as flat_out:
+        request = schedules.Request(
+            COLLECTIVE, algorithm, call.topology, sum(matrix), input.element_size(), 0, matrix
+        )
+        exchange.execute(
+            flat_in,
+            flat_out,
+            schedules.build(request),
+            call.rank,
+            peers=call.peers,
+            group=call.group,
+            timeout=call.timeout,
+            what=f"ringtree all_to_all(algorithm={algorithm!r}, count={flat_in.numel()})",
+        )
 
 
 def _check_tensors(input: torch.Tensor, output: torch.Tensor) -> None:

@@ -176,10 +176,7 @@ def _point_to_point(
                 unpack.append((into, views))
             p2p.append(dist.P2POp(dist.irecv, into, peers[peer], group))
             posted.append(ops[0])
-        try:
-            works = dist.batch_isend_irecv(p2p)
-        except RuntimeError as e:  # posting failed: the peer's connection is already gone
-            raise CollectiveError(describe_failure(e, None, None, t, n, timeout, what)) from e
+        works = _post(p2p, posted, group, peers, t, n, timeout, what)
         # gloo returns one work per op, in order; NCCL may return a single one
         named: list[Op | None] = list(posted) if len(works) == len(posted) else [None] * len(works)
         for work, op in zip(works, named, strict=True):
@@ -190,6 +187,35 @@ def _point_to_point(
                 raise CollectiveError(describe_failure(e, op, who, t, n, timeout, what), peer=who) from e
         for packed, views in unpack:
             _scatter(packed, views)
+
+
+def _post(
+    p2p: list[dist.P2POp],
+    posted: list[Op],
+    group: dist.ProcessGroup | None,
+    peers: list[int],
+    t: int,
+    n: int,
+    timeout: timedelta,
+    what: str,
+) -> list[dist.Work]:
+    """Post a step's messages: batched where the backend needs it (NCCL), one by one on gloo, so
+    that a message that fails as it is posted (the peer's connection is gone) names its peer."""
+    if dist.get_backend(group) != "gloo":
+        try:
+            return dist.batch_isend_irecv(p2p)
+        except RuntimeError as e:
+            raise CollectiveError(describe_failure(e, None, None, t, n, timeout, what)) from e
+    works = []
+    for message, op in zip(p2p, posted, strict=True):
+        try:
+            work = message.op(message.tensor, message.peer, message.group)
+        except RuntimeError as e:
+            who = peers[op.peer]
+            raise CollectiveError(describe_failure(e, op, who, t, n, timeout, what), peer=who) from e
+        assert work is not None
+        works.append(work)
+    return works
 
 
 def _scatter(packed: torch.Tensor, views: list[torch.Tensor]) -> None:
