@@ -24,11 +24,11 @@ from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
 # Nothing here imports torch at module level: the CLI derives its options from this module, and
 # `ringtree plan` must start without loading torch.
 
-MODELS = ("mlp", "mlp-tiny", "vit", "gpt", "gpt-tied")  # or pkg.mod:factory
+MODELS = ("mlp", "mlp-tiny", "vit", "gpt", "gpt-tied", "moe")  # or pkg.mod:factory
 DATASETS = ("digits", "sort")  # or pkg.mod:factory
 LOSSES = ("cross_entropy", "mse")  # or pkg.mod:factory
 MODES = ("ddp", "dp", "dp-threads", "dp-threads-balanced")
-LANGUAGE_MODELS = ("gpt", "gpt-tied")  # they read token ids [b, t] and predict every next token
+LANGUAGE_MODELS = ("gpt", "gpt-tied", "moe")  # they read token ids [b, t] and predict every next token
 THREAD_MODES = ("dp-threads", "dp-threads-balanced")  # one process, torch's DataParallel (the seeds)
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("fp16", "bf16")
@@ -49,7 +49,24 @@ DEFAULTS: dict[str, Any] = {
     "distill_alpha": 0.5,
     "keep_checkpoints": 2,  # the newest and one before it: a truncated newest still resumes
     "threads": 2,  # CPU copies without GPUs: enough to show device 0's extra load
+    # --model moe (ringtree/train/moe.py): DeepSeek-V3 and torchtitan's choices at a small scale
+    "experts": 8,
+    "top_k": 2,
+    "moe_every": 1,
+    "shared_experts": 0,
+    "router_score": "softmax",
+    "router_aux_loss": 0.0,  # 0: balance by the expert bias, no auxiliary loss
+    "a2a_algorithm": "auto",
 }
+MOE_OPTIONS = (
+    "experts",
+    "top_k",
+    "moe_every",
+    "shared_experts",
+    "router_score",
+    "router_aux_loss",
+    "capacity_factor",
+)
 
 
 class ConfigError(ValueError):
@@ -73,6 +90,7 @@ def _library_words(cli: str) -> str:
     names = {flag(f.name): f.name for f in fields(TrainConfig)}
     values = {*MODELS, *MODES, *SCHEDULES, *DEVICES, *COMPRESSIONS, *BALANCES, *MASTER_ALGORITHMS, *DATASETS}
     values |= {"off", "bf16", "fp16", "double_tree", "halving_doubling", "hierarchical"}
+    values |= {"softmax", "sigmoid", "auto", "pairwise", "bruck", "linear"}
 
     def rename(m: re.Match[str]) -> str:
         name = names.get(f"--{m.group(2)}")
@@ -171,6 +189,27 @@ class TrainConfig:
     distill_alpha: float | None = _opt(None, "Weight of the teacher's soft loss [0.5].")
     prefetch: bool = _opt(False, "Prepare the next batch on a thread while this one computes.")
     zero: int = _opt(0, "ZeRO: 0 DDP; 1 shards optimizer states, 2 also gradients, 3 also parameters.")
+    ep: int = _opt(1, "Expert-parallel ranks (borrowed from the data-parallel ones) the experts split over.")
+    experts: int | None = _opt(None, "Routed experts per MoE layer (--model moe) [8].")
+    top_k: int | None = _opt(None, "Experts each token goes to (--model moe) [2].")
+    moe_every: int | None = _opt(
+        None, "An MoE layer in every K-th block, dense MLPs between (--model moe) [1]."
+    )
+    shared_experts: int | None = _opt(None, "Shared experts every token goes through (--model moe) [0].")
+    router_score: str | None = _opt(
+        None, "Router scores: softmax or sigmoid, in fp32 (--model moe) [softmax]."
+    )
+    router_aux_loss: float | None = _opt(
+        None, "Balance by the auxiliary loss with this coefficient, not the expert bias (--model moe) [0]."
+    )
+    capacity_factor: float | None = _opt(
+        None, "Drop token copies past C x an expert's balanced load (--model moe) [dropless]."
+    )
+    a2a_algorithm: str | None = _opt(
+        None,
+        "The token dispatch's all-to-all: auto, pairwise, bruck, linear, hierarchical, native "
+        "(needs --ep) [auto].",
+    )
 
     def __post_init__(self) -> None:
         validate(self)
@@ -249,6 +288,7 @@ def _check_values(cfg: TrainConfig) -> None:
             f"--checkpoint-segments must be >= 0 (0: about sqrt(blocks)), got {cfg.checkpoint_segments}"
         )
     check_distill(cfg.get("distill_temperature"), cfg.get("distill_alpha"))
+    _check_moe_values(cfg)
     if cfg.checkpoint_dir is not None:
         _check_folder(Path(cfg.checkpoint_dir))
     if cfg.teacher is not None:
@@ -264,6 +304,73 @@ _NEEDS = (
     ("distill_temperature", "teacher", "--distill-temperature needs --teacher; drop it or add --teacher"),
     ("distill_alpha", "teacher", "--distill-alpha needs --teacher; drop it or add --teacher"),
 )
+
+
+def _check_moe_values(cfg: TrainConfig) -> None:
+    from ringtree.parallel.moe.alltoall import available
+    from ringtree.parallel.moe.router import SCORES
+
+    for name in ("ep", "experts", "top_k", "moe_every"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.shared_experts is not None and cfg.shared_experts < 0:
+        raise ValueError(f"--shared-experts must be 0 or more, got {cfg.shared_experts}")
+    if cfg.router_aux_loss is not None and cfg.router_aux_loss < 0:
+        raise ValueError(f"--router-aux-loss must be 0 or more, got {cfg.router_aux_loss}")
+    if cfg.capacity_factor is not None and cfg.capacity_factor <= 0:
+        raise ValueError(
+            f"--capacity-factor must be positive (C x the balanced load), got {cfg.capacity_factor}; "
+            "leave it out for dropless routing"
+        )
+    if cfg.router_score is not None:
+        _choice("router_score", cfg.router_score, SCORES)
+    if cfg.a2a_algorithm is not None:
+        _choice("a2a_algorithm", cfg.a2a_algorithm, available())
+    if cfg.get("top_k") > cfg.get("experts"):
+        raise ValueError(
+            f"--top-k {cfg.get('top_k')} is above --experts {cfg.get('experts')}: a token cannot go to "
+            f"more experts than there are; choose --top-k {cfg.get('experts')} or fewer"
+        )
+
+
+def _check_moe(cfg: TrainConfig) -> None:
+    """MoE options need --model moe; --ep splits the experts and needs DDP's data parallelism."""
+    given = [flag(name) for name in MOE_OPTIONS if getattr(cfg, name) is not None]
+    if given and cfg.model != "moe":
+        raise ValueError(f"{given[0]} configures --model moe's layers; drop it or add --model moe")
+    if cfg.model == "moe" and cfg.tp > 1 and cfg.checkpoint_dir is not None:
+        raise ValueError(
+            "--model moe --tp: its checkpoints are not written yet; drop --checkpoint-dir or --tp"
+        )
+    if cfg.a2a_algorithm is not None and cfg.ep == 1:
+        raise ValueError("--a2a-algorithm dispatches tokens among --ep ranks; add --ep 2 or more, or drop it")
+    if cfg.ep == 1:
+        return
+    if cfg.model == "moe" and cfg.get("experts") % cfg.ep:
+        e = cfg.get("experts")
+        raise ValueError(
+            f"--ep {cfg.ep} must divide --experts {e} (each rank keeps whole experts); "
+            f"choose --ep among {[d for d in range(1, e + 1) if e % d == 0]}"
+        )
+    if cfg.mode != "ddp":
+        raise ValueError(
+            f"--ep {cfg.ep} borrows DDP's data-parallel ranks, which --mode {cfg.mode} does not run; "
+            "use --mode ddp"
+        )
+    if cfg.sequence_parallel:
+        raise ValueError(
+            "--sequence-parallel gives each TP rank other tokens, which --ep does not route yet; "
+            "drop one of them"
+        )
+    if cfg.checkpoint_dir is not None:
+        raise ValueError(
+            f"--ep {cfg.ep}: checkpoints of expert-parallel runs are not written yet; drop --checkpoint-dir"
+        )
+    if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
+        raise ValueError(
+            f"--schedule {cfg.schedule} steps stages on stashed weights, which --ep does not shard; "
+            "use gpipe or 1f1b"
+        )
 
 
 def _check_combinations(cfg: TrainConfig) -> None:
@@ -302,6 +409,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
             f"--threads {cfg.threads} sets the devices of --mode dp-threads; drop it or add that mode"
         )
     _check_tensor_parallel(cfg)
+    _check_moe(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
     if cfg.pp > 1 and cfg.schedule == "interleaved" and cfg.get("micro_batches") % cfg.pp:
@@ -469,6 +577,13 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
             f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} ranks per replica does not divide the "
             f"{world_size} ranks; choose --nproc a multiple of {cfg.tp * cfg.pp}"
         )
+    data = world_size // (cfg.tp * cfg.pp) * getattr(cfg, "cp", 1)  # the ranks EP borrows: DP x CP
+    if data % cfg.ep:
+        raise ValueError(
+            f"--ep {cfg.ep} must divide the {data} data-parallel ranks it borrows (--nproc {world_size} / "
+            f"(--tp {cfg.tp} x --pp {cfg.pp})); choose --ep among "
+            f"{[d for d in range(1, data + 1) if data % d == 0]}"
+        )
 
 
 def device_type(cfg: TrainConfig) -> str:
@@ -508,6 +623,12 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped |= {"checkpoint_every", "resume", "keep_checkpoints"}
     if cfg.tp == 1:
         dropped |= {"tp_plan", "sequence_parallel"}
+    if cfg.model != "moe":
+        dropped |= set(MOE_OPTIONS)
+    elif cfg.capacity_factor is None:
+        dropped.add("capacity_factor")  # dropless
+    if cfg.ep == 1:
+        dropped.add("a2a_algorithm")
     return {k: v for k, v in out.items() if k not in dropped}
 
 

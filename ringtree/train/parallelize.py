@@ -6,6 +6,8 @@
    sequence parallelism when asked; the shards are made on the host, then the model is moved;
 2. activation checkpointing, of the whole model, or (under --pp) of each stage once cut: its
    segments never span two stages;
+   then expert parallelism: every MoE layer keeps this rank's experts (--ep) and dispatches by
+   all-to-all over its EP group (ringtree/parallel/expert.py);
 3. the pipeline cut: pp stages, or pp x V chunks with this rank's V under interleaved 1F1B;
 4. data parallelism over the DP group: ringtree's DistributedDataParallel (--zero 0) or
    ShardedDataParallel (--zero 1-3), one per stage or chunk; the master-rank `--mode dp` and the
@@ -24,6 +26,7 @@ from torch import nn
 
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
 from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.expert import ExpertParallel, expert_parameters, moe_layers
 from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.schedules.pipeline import SYNCHRONOUS
@@ -58,6 +61,7 @@ class Parallelized:
     pipe: Pipeline | None
     trained: list[nn.Parameter]
     segments: int
+    experts: ExpertParallel | None = None  # models with MoE layers: reduces and balances the experts
 
     @property
     def sharded(self) -> ShardedDataParallel | None:
@@ -83,19 +87,33 @@ def parallelize(
     """
     if cfg.tp > 1:  # 1. the shards are made on the host, then moved with the rest
         tensor_parallel.shard(net, cfg, mesh.tp_group)
+    experts = _experts(net, cfg, mesh)
     net.to(device)
     if cfg.pp > 1:  # 2.-4. cut, then each stage checkpointed and in DP
         pipe, segments = _pipeline(net, cfg, mesh, device, loss, sample)
-        return _result(net, None, None, pipe, segments)
+        return _result(net, None, None, pipe, segments, experts)
     body, segments = _checkpointed(net, cfg)  # 2.
     if cfg.mode == "dp":  # 4.
         master = MasterDataParallel(body, cfg.algorithm, timeout_s=cfg.get("timeout_s"))
-        return _result(net, master, None, None, segments)
+        return _result(net, master, None, None, segments, experts)
     if cfg.mode in THREAD_MODES:
         balanced = cfg.mode.endswith("balanced")
         threaded = ThreadedDataParallel(body, thread_devices(cfg), balanced=balanced, loss_fn=loss.fn)
-        return _result(net, None, threaded, None, segments)
-    return _result(net, data_parallel(body, cfg, mesh, bool(cfg.get("overlap"))), None, None, segments)
+        return _result(net, None, threaded, None, segments, experts)
+    model = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")))
+    return _result(net, model, None, None, segments, experts)
+
+
+def _experts(net: nn.Module, cfg: TrainConfig, mesh: Mesh) -> ExpertParallel | None:
+    """Expert parallelism over the data-parallel ranks (data x context parallel where CP runs), and
+    the step's expert reduction and balancing; None for a model without MoE layers."""
+    if not moe_layers(net) or cfg.mode != "ddp":
+        return None  # --mode dp and dp-threads: one optimizer over the whole model, bias kept as is
+    made = ExpertParallel(
+        cfg.ep, mesh.shape.dp_groups(), data_group=mesh.dp_group, algorithm=cfg.get("a2a_algorithm")
+    )
+    made.apply(net)
+    return made
 
 
 def _result(
@@ -104,11 +122,15 @@ def _result(
     threaded: ThreadedDataParallel | None,
     pipe: Pipeline | None,
     segments: int,
+    experts: ExpertParallel | None = None,
 ) -> Parallelized:
-    """The result, with what the optimizer steps: the ZeRO shards, or the whole model's parameters."""
-    made = Parallelized(model, threaded, pipe, [], segments)
+    """The result, with what the optimizer steps: the ZeRO shards (and the experts, which ZeRO leaves
+    to ExpertParallel), or the whole model's parameters."""
+    made = Parallelized(model, threaded, pipe, [], segments, experts)
     sharded = made.sharded
-    made.trained = list(net.parameters()) if sharded is None else sharded.shard_parameters()
+    made.trained = (
+        list(net.parameters()) if sharded is None else sharded.shard_parameters() + expert_parameters(net)
+    )
     return made
 
 
@@ -214,6 +236,18 @@ def thread_devices(cfg: TrainConfig) -> list[torch.device]:
 def check(net: nn.Module, cfg: TrainConfig) -> None:
     """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
     tensor_parallel.check(net, cfg)
+    if cfg.ep > 1:
+        moes = moe_layers(net)
+        if not moes:
+            raise ValueError(
+                f"--ep {cfg.ep} splits the experts of MoE layers, and {type(net).__name__} has none; "
+                "use --model moe (or ringtree.parallel.MoE in your model) or drop --ep"
+            )
+        for layer in moes:
+            if layer.num_experts % cfg.ep:
+                raise ValueError(
+                    f"--ep {cfg.ep} must divide the {layer.num_experts} experts of each MoE layer"
+                )
     if cfg.pp > 1 and getattr(getattr(net, "cfg", None), "tied", False):
         raise ValueError(
             "--pp puts the embedding and the output head on different stages, so they cannot share "

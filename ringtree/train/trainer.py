@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
 from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.moe import CLOCK as A2A_CLOCK
 from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import checkpoint, interrupt, memory, sharded_checkpoint, tensor_parallel
@@ -41,7 +42,7 @@ from ringtree.train.config import TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.loss import TrainingLoss
-from ringtree.train.metrics import Meter
+from ringtree.train.metrics import Meter, moe_metrics
 from ringtree.train.parallelize import (
     DataParallel,
     Pipeline,
@@ -110,7 +111,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # every rank builds the same model
         names = {"model": cfg.model, "dataset": cfg.dataset, "loss": cfg.loss}
         return cls(
-            make_model(cfg.model),
+            make_model(cfg.model, cfg),
             train_set,
             make_loss(cfg.loss),
             cfg,
@@ -138,7 +139,7 @@ def preflight(cfg: TrainConfig) -> None:
     ValueError here, in the launching process, instead of a traceback from every worker."""
     make_datasets(cfg.dataset)
     make_loss(cfg.loss)
-    check(make_model(cfg.model), cfg)
+    check(make_model(cfg.model, cfg), cfg)
     if cfg.teacher is not None:
         load_teacher(cfg.teacher, make_model, report=print)  # a damaged file is named here, once
     resume = cfg.resume and cfg.checkpoint_dir is not None  # no usable checkpoint: said here, once
@@ -208,6 +209,9 @@ class _Run:
         self.optimizer = torch.optim.AdamW(
             self.parallel.trained, lr=cfg.get("lr"), weight_decay=cfg.weight_decay
         )
+        if self.parallel.experts is not None:  # expert gradients and router biases before each step
+            self.parallel.experts.register(self.optimizer)
+        self.a2a_s: list[float] = []  # per step: seconds in the MoE layers' all-to-alls
         self.model_state_bytes = 0  # the most parameters + gradients + optimizer states held
         self.step = 0
         self.stragglers = (
@@ -321,7 +325,7 @@ class _Run:
         return 1
 
     def _train_unit(self, unit: list[Any]) -> None:
-        start = time.perf_counter()
+        start, a2a = time.perf_counter(), A2A_CLOCK.seconds
         self.loss.reset()
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipe is None:
@@ -330,6 +334,7 @@ class _Run:
             samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
         elapsed = time.perf_counter() - start
         self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
+        self.a2a_s.append(A2A_CLOCK.seconds - a2a)
         held = memory.model_state_bytes(self.net, self.optimizer)
         self.model_state_bytes = max(self.model_state_bytes, held)
         if self.stragglers is not None:  # own work: the step less the wait for the others' gradients
@@ -599,6 +604,7 @@ class _Run:
             "dp": mesh.dp,
             "tp": mesh.tp,
             "pp": mesh.pp,
+            "ep": cfg.ep,
             "backend": dist.get_backend(),
             "parameters": self.parameters,
             "steps": self.step,
@@ -612,6 +618,8 @@ class _Run:
         }
         if self.pipe is not None:
             metrics |= self._pipeline_metrics(self.pipe_record)
+        if self.parallel.experts is not None:
+            metrics |= moe_metrics(self.parallel.experts, self.a2a_s, self.device)
         if self.threaded is not None:
             stats = self.threaded.stats()
             metrics |= {

@@ -34,10 +34,11 @@ CLOCK = Clock()
 
 
 def available() -> tuple[str, ...]:
-    """The algorithms this build runs: ringtree's when ringtree.comm has an all-to-all, and native."""
+    """The algorithms this build runs: ringtree's when ringtree.comm has an all-to-all (else `auto` is
+    torch's), and native."""
     from ringtree import comm
 
-    return A2A_ALGORITHMS if hasattr(comm, "all_to_all_single") else ("native",)
+    return A2A_ALGORITHMS if hasattr(comm, "all_to_all_single") else ("auto", "native")
 
 
 def all_to_all_single(
@@ -50,7 +51,7 @@ def all_to_all_single(
 ) -> None:
     """One exchange into `output`, timed: ringtree's schedule, or torch's (`native`)."""
     start = time.perf_counter()
-    if algorithm == "native":
+    if algorithm == "native" or available() == ("auto", "native"):
         dist.all_to_all_single(output, input, output_splits, input_splits, group=group)
     else:
         from ringtree import comm
