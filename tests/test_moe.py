@@ -90,7 +90,7 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _compare(rank: int, ep: int, bias: torch.Tensor | None = None) -> dict[str, Any]:
+def _compare(rank: int, ep: int, algorithm: str, bias: torch.Tensor | None = None) -> dict[str, Any]:
     """EP = ep on the world against the whole model on the whole batch in this process."""
     world = dist.get_world_size()
     everything, mine = _data(rank, world)
@@ -108,7 +108,7 @@ def _compare(rank: int, ep: int, bias: torch.Tensor | None = None) -> dict[str, 
         for m in model.modules():
             if isinstance(m, MoE):
                 m.router.expert_bias.copy_(bias)
-    parallel = ExpertParallel(ep, algorithm="native")
+    parallel = ExpertParallel(ep, algorithm=algorithm)
     parallel.apply(model)
     ddp = DistributedDataParallel(model, algorithm="ring")
     mine.requires_grad_()  # as a block's input: the first dispatch has a backward too
@@ -137,7 +137,7 @@ def _compare(rank: int, ep: int, bias: torch.Tensor | None = None) -> dict[str, 
 
 def _independent(rank: int) -> float:
     """Rank 0's output with the other ranks' data changed: dropless, it must not move."""
-    model = ExpertParallel(4, algorithm="native").apply(_model())
+    model = ExpertParallel(4, algorithm="pairwise").apply(_model())
     outs = []
     for seed in (1, 2):
         _, mine = _data(rank, 4, seed if rank else 1)
@@ -159,9 +159,9 @@ def _world(rank: int) -> dict[str, Any]:
     round_trip = max(float((back - rows).abs().max()), float((rows.grad - grad).abs().max()))
     return {
         "round_trip": round_trip,
-        "ep2": _compare(rank, 2),
-        "ep4": _compare(rank, 4),
-        "starved": _compare(rank, 4, starved),
+        "ep2": _compare(rank, 2, "bruck"),
+        "ep4": _compare(rank, 4, "auto"),
+        "starved": _compare(rank, 4, "native", starved),
         "independent": _independent(rank),
     }
 
