@@ -4,8 +4,11 @@ Locally the T x k copies are sorted by expert (a stable argsort: token order wit
 With expert parallelism over P ranks (rank r holds experts r E/P .. (r+1) E/P - 1, so the sorted
 rows are also rank-major), a step of one MoE layer (torchtitan's AllToAllTokenDispatcher):
 
-1. counts: the [P, E/P] table of copies per destination expert goes through an equal-split
-   all-to-all; each rank learns how many rows every rank sends to each of its experts;
+1. counts: each rank's copies per expert [E] go to every rank by an equal-split all-to-all (its
+   row sent to each rank: an all-gather), so every rank knows the whole P x P split matrix
+   (ringtree's Bruck and hierarchical schedules forward other ranks' blocks, so they need all of
+   it; knowing it, no all-to-all below exchanges sizes again) and how many rows each source
+   sends to each of its own experts;
 2. dispatch: the rows go through a variable-split all-to-all (rows per rank: the table's sums);
 3. the received rows (source-rank major) are permuted to expert-major order for the experts;
 4. combine: unpermuted, they return by the reverse all-to-all (the splits swapped).
@@ -22,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ringtree.parallel.moe.alltoall import exchange, exchange_counts
+from ringtree.parallel.moe.alltoall import exchange, exchange_counts, transpose
 
 Experts = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (expert-major rows, counts) -> rows
 
@@ -76,11 +79,13 @@ class AllToAllDispatcher:
 
     def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: Experts) -> torch.Tensor:
         """rows [N, d] sorted by (global) expert, counts [E] -> the experts' outputs in the same order."""
-        table = counts.view(self.ranks, -1)  # [P, E/P]: copies to each rank's local experts
-        received = exchange_counts(table, self.algorithm, self.group).cpu()  # the one host sync
-        send, recv = table.sum(1).tolist(), received.sum(1).tolist()
-        arrived = exchange(rows, recv, send, self.algorithm, self.group)  # source-rank major
+        p, me = self.ranks, dist.get_rank(self.group)
+        every = exchange_counts(counts, self.algorithm, self.group).cpu()  # [P, E]; the one host sync
+        per_rank = every.view(p, p, -1)  # [source, destination rank, its local expert]
+        matrix = per_rank.sum(2).tolist()  # rows source i sends destination j
+        received = per_rank[:, me]  # [source, my local expert]
+        arrived = exchange(rows, matrix, self.algorithm, self.group)  # source-rank major
         order = expert_major(received).to(rows.device)
         out = experts(arrived[order], received.sum(0).tolist())
         back = out[inverse(order)]  # source-rank major again
-        return exchange(back, send, recv, self.algorithm, self.group)
+        return exchange(back, transpose(matrix), self.algorithm, self.group)
