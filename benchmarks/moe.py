@@ -127,9 +127,17 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--steps", type=int, default=Setup.steps)
     parser.add_argument("--rounds", type=int, default=Setup.rounds)
+    parser.add_argument("--dim", type=int, default=Setup.dim)
+    parser.add_argument("--hidden", type=int, default=Setup.hidden, help="each expert's SwiGLU width")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    setup = Setup(experts=max(Setup.experts, args.nproc), steps=args.steps, rounds=args.rounds)
+    setup = Setup(
+        dim=args.dim,
+        hidden=args.hidden,
+        experts=max(Setup.experts, args.nproc),
+        steps=args.steps,
+        rounds=args.rounds,
+    )
     if setup.experts % args.nproc:
         parser.error(f"--nproc {args.nproc} must divide the {setup.experts} experts")
     summary = summarize(spawn(worker, args.nproc, (setup,), timeout_s=1800)[0], setup)
