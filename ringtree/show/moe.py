@@ -2,9 +2,10 @@
 
 P ranks, E experts (rank r holds experts r E/P .. (r+1) E/P - 1), T tokens per rank, top-k
 routing drawn from a fixed seed. The steps are those of ringtree/parallel/moe/dispatch.py: sort
-the copies by expert, exchange the counts, the dispatch all-to-all, the permute to expert-major
-order, the experts, the combine all-to-all, the weighted sum on the sender; in backward the
-combine's and the dispatch's all-to-alls again, their splits swapped.
+the copies by expert, exchange the counts (every rank learns the whole split matrix), the
+dispatch all-to-all, the permute to expert-major order, the experts, the combine all-to-all,
+the weighted sum on the sender; in backward the combine's and the dispatch's all-to-alls again,
+their splits swapped.
 """
 
 from __future__ import annotations
@@ -70,13 +71,10 @@ def dispatch_steps(p: int, experts: int, tokens: int = TOKENS, top_k: int = TOP_
             [" ".join(f"e{e}:{label(r, t)}" for e, t in copies[r]) for r in range(p)],
         ),
         DispatchStep(
-            "counts exchange: copies per destination expert",
-            f"all-to-all, equal splits ({local} integers per pair)",
-            [
-                "to " + ", ".join(f"r{j}: {counts[r][j * local : (j + 1) * local]}" for j in range(p))
-                for r in range(p)
-            ],
-            [[local] * p for _ in range(p)],
+            "counts exchange: each rank's copies per expert, to every rank",
+            f"all-to-all, equal splits ({experts} integers per pair: an all-gather)",
+            [f"e0..e{experts - 1}: {counts[r]}" for r in range(p)],
+            [[experts] * p for _ in range(p)],
         ),
         DispatchStep(
             "dispatch: the rows go to their experts' ranks",
@@ -139,7 +137,8 @@ def plot_dispatch(steps: list[DispatchStep], p: int, experts: int, path: str) ->
     ]
     fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 3.8))
     for ax, (title, grid) in zip(axes, grids, strict=True):
-        ax.imshow(grid, cmap="Blues", vmin=0)
+        top = max(max(row) for row in grid) or 1
+        ax.imshow(grid, cmap="Blues", vmin=0, vmax=top * 1.6)  # light enough for black numbers
         for i in range(p):
             for j in range(p):
                 ax.text(j, i, str(grid[i][j]), ha="center", va="center", fontsize=9)
