@@ -146,6 +146,28 @@ def _independent(rank: int) -> float:
     return float((outs[0] - outs[1]).abs().max())
 
 
+def _sharded_states(rank: int) -> float:
+    """One AdamW step with the experts' states sharded over the EDP group against whole states."""
+    _, mine = _data(rank, dist.get_world_size())
+    stepped = []
+    for sharded in (False, True):
+        model = _model()
+        parallel = ExpertParallel(2, algorithm="native")  # EDP groups of 2 on 4 ranks
+        parallel.apply(model)
+        params = [p for p in model.parameters() if getattr(p, "allreduce", True)]
+        if sharded:
+            params += parallel.shard_states()
+            assert sum(p.numel() for p in params) < sum(p.numel() for p in model.parameters())
+        else:
+            params += parallel.params
+        optimizer = torch.optim.AdamW(params, lr=0.1)
+        parallel.register(optimizer)
+        model(mine).square().mean().backward()
+        optimizer.step()
+        stepped.append(torch.cat([p.detach().flatten() for p in parallel.params]))
+    return float((stepped[0] - stepped[1]).abs().max())
+
+
 def _world(rank: int) -> dict[str, Any]:
     starved = torch.tensor([100.0] * 6 + [0.0, 0.0])  # experts 6, 7 (rank 3's under EP 4) get nothing
     layers = ExpertParallel(4, algorithm="native")
@@ -163,6 +185,7 @@ def _world(rank: int) -> dict[str, Any]:
         "ep4": _compare(rank, 4, "auto"),
         "starved": _compare(rank, 4, "native", starved),
         "independent": _independent(rank),
+        "sharded_states": _sharded_states(rank),
     }
 
 
@@ -199,3 +222,7 @@ def test_each_moe_layer_runs_one_counts_exchange_and_four_data_all_to_alls_a_ste
     results: list[dict[str, Any]],
 ) -> None:
     assert all(r["ep4"]["a2a"] == 2 * 5 for r in results)  # two layers: counts, dispatch, combine, 2 back
+
+
+def test_expert_states_sharded_over_the_edp_group_step_as_whole_ones(results: list[dict[str, Any]]) -> None:
+    assert all(r["sharded_states"] < 1e-6 for r in results)

@@ -16,6 +16,12 @@ would give ep times the right gradient, the bug more than one framework shipped.
 parameters are marked `allreduce = False` (Megatron's mark) so that the data-parallel wrappers
 leave them to this module.
 
+ZeRO. With `shard_states()` (the trainer's --zero 1-3) the optimizer steps, instead of the
+expert parameters, this rank's 1/k of them flattened (k: the EDP group's size): before the step
+the gradients are reduce-scattered over the EDP group (and divided by D), after it the stepped
+shards are all-gathered back into the experts. The experts' optimizer states are so sharded over
+their EDP group, as ZeRO-1 does; their parameters and gradients stay whole.
+
 Balancing. Before every optimizer step (an optimizer pre-hook, so gradient accumulation works)
 each router's token counts of the step are summed over the data group and its expert bias moves
 by rate x sign(mean - count), centred (DeepSeek-V3, torchtitan).
@@ -23,12 +29,14 @@ by rate x sign(mean - count), centred (DeepSeek-V3, torchtitan).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ringtree import comm
 from ringtree.parallel.mesh import _new_groups
 from ringtree.parallel.moe import AllToAllDispatcher, MoE, Router
 
@@ -90,6 +98,7 @@ class ExpertParallel:
         self.data_group = data_group if data_group is not None else _new_groups(groups, rank)[1]
         self.layers: list[MoE] = []
         self.params: list[nn.Parameter] = []
+        self.shards: ExpertShards | None = None  # shard_states(): the experts' states over the EDP group
         self.load = 0.0  # max / mean tokens per expert of the last step's worst layer
         self.copies = torch.zeros(2, dtype=torch.float64)  # [dropped, routed] over the run
 
@@ -117,17 +126,35 @@ class ExpertParallel:
             setattr(layer.experts, name, mine)
         layer.dispatcher = AllToAllDispatcher(self.ep_group, self.algorithm)
 
-    def register(self, optimizer: torch.optim.Optimizer) -> None:
-        """Run before_step() before every optimizer.step()."""
+    def shard_states(self, algorithm: str = "ring") -> list[nn.Parameter]:
+        """What the optimizer steps for the experts with their states sharded over the EDP group
+        (nothing when the experts are not split: the data-parallel wrapper owns them)."""
+        if not self.params:
+            return []
+        group = self.edp_group if len(self.edp_ranks) > 1 else None
+        self.shards = ExpertShards(self.params, group, len(self.edp_ranks), len(self.data_ranks), algorithm)
+        return [self.shards.shard]
 
-        def hook(opt: Any, args: Any, kwargs: Any) -> None:
+    def register(self, optimizer: torch.optim.Optimizer) -> None:
+        """Run before_step() before every optimizer.step() (and, with sharded states, after_step()
+        after it)."""
+
+        def before(opt: Any, args: Any, kwargs: Any) -> None:
             self.before_step()
 
-        optimizer.register_step_pre_hook(hook)
+        def after(opt: Any, args: Any, kwargs: Any) -> None:
+            if self.shards is not None:
+                self.shards.after_step()
+
+        optimizer.register_step_pre_hook(before)
+        optimizer.register_step_post_hook(after)
 
     def before_step(self) -> None:
         """Expert gradients summed over the EDP group and scaled by 1/D; router biases updated."""
-        self.reduce_expert_gradients()
+        if self.shards is not None:
+            self.shards.before_step()
+        else:
+            self.reduce_expert_gradients()
         self.balance()
 
     @torch.no_grad()
@@ -172,3 +199,61 @@ class ExpertParallel:
 
     def dropped_fraction(self) -> float:
         return float(self.copies[0] / self.copies[1]) if self.copies[1] > 0 else 0.0
+
+
+class ExpertShards:
+    """The experts' parameters flattened, and this rank's 1/k of them as the one tensor the optimizer
+    steps (ZeRO-1 over the EDP group of k ranks); `divisor`: the data-parallel size D."""
+
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        group: dist.ProcessGroup | None,
+        k: int,
+        divisor: int,
+        algorithm: str,
+    ) -> None:
+        self.params, self.group, self.k, self.divisor, self.algorithm = params, group, k, divisor, algorithm
+        self.numel = sum(p.numel() for p in params)
+        self.size = math.ceil(self.numel / k)
+        self.rank = dist.get_rank(group) if group is not None else 0
+        whole = self._flat([p.detach() for p in params])
+        device = params[0].device if params else torch.device("cpu")
+        self.shard = nn.Parameter(
+            whole[self.rank * self.size : (self.rank + 1) * self.size].clone().to(device)
+        )
+
+    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The tensors as one flat fp32 vector padded to k x size."""
+        device = tensors[0].device if tensors else torch.device("cpu")
+        flat = torch.zeros(self.size * self.k, dtype=torch.float32, device=device)
+        if tensors:
+            flat[: self.numel] = torch.cat([t.reshape(-1).float() for t in tensors])
+        return flat
+
+    @torch.no_grad()
+    def before_step(self) -> None:
+        """Reduce-scatter the gradients (missing ones: zero) into the shard's, divided by D."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = self._flat(grads)
+        mine = torch.empty(self.size, dtype=torch.float32, device=flat.device)
+        if self.group is None:
+            mine.copy_(flat)
+        else:
+            comm.reduce_scatter(mine, flat, "sum", self.algorithm, self.group, validate=False)
+        self.shard.grad = (mine / self.divisor).to(self.shard.dtype)
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """All-gather the stepped shards back into the experts."""
+        flat = torch.empty(self.size * self.k, dtype=torch.float32, device=self.shard.device)
+        if self.group is None:
+            flat.copy_(self.shard.float())
+        else:
+            comm.all_gather(flat, self.shard.detach().float(), self.algorithm, self.group, validate=False)
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()

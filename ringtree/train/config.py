@@ -366,6 +366,11 @@ def _check_moe(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--ep {cfg.ep}: checkpoints of expert-parallel runs are not written yet; drop --checkpoint-dir"
         )
+    if cfg.zero and cfg.amp == "fp16":
+        raise ValueError(
+            f"--amp fp16 unscales the gradients before --ep {cfg.ep} reduces the experts' into their "
+            f"--zero {cfg.zero} shards; use --amp bf16"
+        )
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         raise ValueError(
             f"--schedule {cfg.schedule} steps stages on stashed weights, which --ep does not shard; "

@@ -128,9 +128,12 @@ def _result(
     to ExpertParallel), or the whole model's parameters."""
     made = Parallelized(model, threaded, pipe, [], segments, experts)
     sharded = made.sharded
-    made.trained = (
-        list(net.parameters()) if sharded is None else sharded.shard_parameters() + expert_parameters(net)
-    )
+    if sharded is None:
+        made.trained = list(net.parameters())
+    elif experts is None:
+        made.trained = sharded.shard_parameters() + expert_parameters(net)
+    else:  # the experts' states sharded over their expert-data-parallel group
+        made.trained = sharded.shard_parameters() + experts.shard_states(sharded.algorithm)
     return made
 
 
