@@ -38,8 +38,12 @@ class GroupedExperts(nn.Module):
 
     def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """rows [sum(counts), d] in expert-major order -> [sum(counts), d]."""
-        if self.grouped and grouped_mm_available(rows):
-            return self._grouped(rows, counts)
+        aligned = rows.shape[-1] % 8 == 0 and self.w_gate.shape[-1] % 8 == 0  # 16-byte strides in bf16
+        if self.grouped and aligned and grouped_mm_available(rows):
+            try:
+                return self._grouped(rows, counts)
+            except RuntimeError:  # a GPU this torch has no grouped kernel for: the loop from now on
+                self.grouped = False
         outs = []
         for e, x in enumerate(torch.split(rows, counts)):
             h = F.silu(x @ self.w_gate[e].to(x.dtype)) * (x @ self.w_up[e].to(x.dtype))
