@@ -9,8 +9,10 @@ the all-to-all: torch.distributed's all_to_all_single (`native`, gloo on CPU) or
 schedules (`ringtree.comm.all_to_all_single`: auto, pairwise, bruck, linear, hierarchical).
 Variants are interleaved over rounds so that a drift in machine load touches all alike; the
 ratio to native is taken per round and its median reported. Warm-up steps are not timed; every
-rank runs one intra-op thread. The exposed all-to-all fraction is the time the training thread
-spent blocked in all-to-alls over the step time (the slowest rank's).
+rank runs one intra-op thread and, where the ranks outnumber the cores, is pinned to one core
+for every variant (ringtree.parallel.placement, as ringtree's DDP does in training). The
+exposed all-to-all fraction is the time the training thread spent blocked in all-to-alls over
+the step time (the slowest rank's).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch import nn
 
 from ringtree.bench import environment
 from ringtree.launch import spawn
-from ringtree.parallel import ExpertParallel, MoE
+from ringtree.parallel import ExpertParallel, MoE, placement
 from ringtree.parallel.moe import CLOCK
 
 RINGTREE = ("auto", "pairwise", "bruck", "linear", "hierarchical")
@@ -58,9 +60,9 @@ def model(setup: Setup) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def measure(variant: str, setup: Setup) -> dict[str, float]:
+def measure(parallel: ExpertParallel, variant: str, setup: Setup) -> dict[str, float]:
     """Samples per second and the exposed all-to-all fraction of the step (slowest rank)."""
-    parallel = ExpertParallel(dist.get_world_size(), algorithm=variant)
+    parallel.algorithm = variant
     net = parallel.apply(model(setup))
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(dist.get_rank())
@@ -91,10 +93,12 @@ def measure(variant: str, setup: Setup) -> dict[str, float]:
 
 def worker(rank: int, setup: Setup) -> dict[str, Any]:
     torch.set_num_threads(1)
+    unpin = placement.spread()  # as ringtree's DDP does where ranks outnumber cores: every variant
+    parallel = ExpertParallel(dist.get_world_size())  # one set of groups for every variant
     rounds: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for _ in range(setup.rounds):
         for variant in VARIANTS:
-            rounds[variant].append(measure(variant, setup))
+            rounds[variant].append(measure(parallel, variant, setup))
     median = {v: sorted(r, key=lambda m: m["samples_per_s"])[len(r) // 2] for v, r in rounds.items()}
     ratios = {  # a round's ratio compares variants measured moments apart; the median is the figure
         v: statistics.median(
@@ -102,6 +106,8 @@ def worker(rank: int, setup: Setup) -> dict[str, Any]:
         )
         for v, r in rounds.items()
     }
+    if unpin is not None:
+        unpin()
     return {"variants": median, "ratios_vs_native": ratios, "environment": environment()}
 
 
