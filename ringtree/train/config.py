@@ -134,7 +134,9 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
 class TrainConfig:
     """What `ringtree train` trains and how; the defaults reach >= 95% digits accuracy in about a minute."""
 
-    model: str = _opt("mlp", "mlp, mlp-tiny, vit, gpt, gpt-tied, or pkg.mod:factory returning an nn.Module.")
+    model: str = _opt(
+        "mlp", "mlp, mlp-tiny, vit, gpt, gpt-tied, moe, or pkg.mod:factory returning an nn.Module."
+    )
     dataset: str = _opt(
         "digits", "digits, sort (token sequences), or pkg.mod:factory returning a Dataset or (train, test)."
     )
