@@ -9,8 +9,8 @@ the all-to-all: torch.distributed's all_to_all_single (`native`, gloo on CPU) or
 schedules (`ringtree.comm.all_to_all_single`: auto, pairwise, bruck, linear, hierarchical).
 Variants are interleaved over rounds so that a drift in machine load touches all alike; the
 ratio to native is taken per round and its median reported. Warm-up steps are not timed; every
-rank runs one intra-op thread and, where the ranks outnumber the cores, is pinned to one core
-for every variant (ringtree.parallel.placement, as ringtree's DDP does in training). The
+rank runs one intra-op thread; with --pin, where the ranks outnumber the cores, each is pinned to
+one core for every variant (ringtree.parallel.placement, as ringtree's DDP does in training). The
 exposed all-to-all fraction is the time the training thread spent blocked in all-to-alls over
 the step time (the slowest rank's).
 """
@@ -91,9 +91,9 @@ def measure(parallel: ExpertParallel, variant: str, setup: Setup) -> dict[str, f
     }
 
 
-def worker(rank: int, setup: Setup) -> dict[str, Any]:
+def worker(rank: int, setup: Setup, pin: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
-    unpin = placement.spread()  # as ringtree's DDP does where ranks outnumber cores: every variant
+    unpin = placement.spread() if pin else None  # as ringtree's DDP does: every variant alike
     parallel = ExpertParallel(dist.get_world_size())  # one set of groups for every variant
     rounds: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for _ in range(setup.rounds):
@@ -111,7 +111,7 @@ def worker(rank: int, setup: Setup) -> dict[str, Any]:
     return {"variants": median, "ratios_vs_native": ratios, "environment": environment()}
 
 
-def summarize(result: dict[str, Any], setup: Setup) -> dict[str, Any]:
+def summarize(result: dict[str, Any], setup: Setup, pinned: bool = False) -> dict[str, Any]:
     v, ratios = result["variants"], result["ratios_vs_native"]
     best = max(RINGTREE, key=lambda a: ratios[a])
     return {
@@ -124,6 +124,7 @@ def summarize(result: dict[str, Any], setup: Setup) -> dict[str, Any]:
         "ratios_vs_native": ratios,
         "variants": v,
         "setup": asdict(setup),
+        "pinned": pinned,
         "environment": result["environment"],
     }
 
@@ -135,6 +136,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=Setup.rounds)
     parser.add_argument("--dim", type=int, default=Setup.dim)
     parser.add_argument("--hidden", type=int, default=Setup.hidden, help="each expert's SwiGLU width")
+    parser.add_argument("--pin", action="store_true", help="pin each rank to a core (every variant)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     setup = Setup(
@@ -146,7 +148,7 @@ def main() -> None:
     )
     if setup.experts % args.nproc:
         parser.error(f"--nproc {args.nproc} must divide the {setup.experts} experts")
-    summary = summarize(spawn(worker, args.nproc, (setup,), timeout_s=1800)[0], setup)
+    summary = summarize(spawn(worker, args.nproc, (setup, args.pin), timeout_s=1800)[0], setup, args.pin)
     print(json.dumps({k: summary[k] for k in list(summary)[:7]}, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
