@@ -229,7 +229,7 @@ def _title(cluster: Any) -> str:
 @app.command()
 def calibrate(
     files: list[Path] = typer.Argument(
-        ..., help="`ringtree bench --json` files and/or nccl-tests all_reduce_perf logs, in any mix."
+        ..., help="`ringtree bench --json` files and/or nccl-tests all_reduce_perf and alltoall_perf logs."
     ),
     out: Path | None = typer.Option(
         None, help="Where to write the fit (default machine.json, if no such file exists)."
@@ -244,7 +244,8 @@ def calibrate(
     """Fit the simulator to measured all-reduce times; use the result with --calibration.
 
     Bench rows fit alpha, beta and gamma of the closed form (an intra- and an inter-node link when
-    rows come from several nodes); nccl-tests logs fit corrections to NCCL's own cost model.
+    rows come from several nodes); nccl-tests logs fit corrections to NCCL's own cost model
+    (alltoall_perf logs: to its all-to-all, grouped point-to-point).
     """
     from ringtree.sim import calibrate as cal
     from ringtree.sim import nccl_fit
@@ -264,7 +265,11 @@ def calibrate(
         nic = parse_link(inter, INTER) if inter else None
         if nic is not None and not nccl_rows:
             raise ValueError("--inter describes the NICs of nccl-tests logs; none was given")
-        nccl = nccl_fit.fit(nccl_rows, nic, nics_per_node) if nccl_rows else None
+        reduce_rows = [r for r in nccl_rows if r["collective"] == "all_reduce"]
+        a2a_rows = [r for r in nccl_rows if r["collective"] == "all_to_all"]
+        nccl = nccl_fit.fit(reduce_rows, nic, nics_per_node) if reduce_rows else None
+        if a2a_rows:
+            nccl = _with_alltoall(nccl, a2a_rows, nic, nics_per_node)
         fitted = cal.fit(bench_rows) if bench_rows else _from_nccl(nccl)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
@@ -276,12 +281,36 @@ def calibrate(
     write_json(target, {**fitted.as_dict(), "source": [str(f) for f in files]})
     if bench_rows:
         _print_bench_fit(fitted, bench_rows, target)
-    if nccl is not None:
+    if nccl is not None and nccl["table"]:
         _print_nccl_fit(nccl, target)
         _print_interpolation(nccl)
+    if nccl is not None and "alltoall" in nccl:
+        _print_alltoall_fit(nccl, target)
 
 
 _FIT_STATS = ("rows", "rms_rel_error", "max_rel_error", "levels")  # a fit's residuals
+
+
+def _with_alltoall(
+    nccl: dict[str, Any] | None, rows: list[dict[str, Any]], nic: Any, nics: int | None
+) -> dict[str, Any]:
+    """The `nccl` section with the all-to-all fit under `alltoall`; from alltoall_perf logs alone,
+    the hardware they ran on with NCCL's uncorrected all-reduce model, and the all-to-all fit's
+    residuals as the section's own."""
+    from dataclasses import asdict
+
+    from ringtree.sim import nccl_fit
+    from ringtree.sim.nccl_system import Corrections, NcclSystem
+
+    if nccl is not None:
+        return {**nccl, "alltoall": nccl_fit.fit_alltoall(rows, NcclSystem(**nccl["system"]))}
+    intra, link, n_nics, system = nccl_fit.hardware(rows, nic, nics)
+    alltoall = nccl_fit.fit_alltoall(rows, system)
+    return {
+        "system": asdict(system), "corrections": asdict(Corrections()), "intra": intra.as_dict(),
+        "inter": link.as_dict(), "nics_per_node": n_nics, "fitted": [], "table": [],
+        **{k: alltoall[k] for k in _FIT_STATS}, "alltoall": alltoall,
+    }  # fmt: skip
 
 
 def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
@@ -309,7 +338,7 @@ def _from_nccl(nccl: Any) -> Any:
         HW_LAT["nvlink"]["ring"][2] * 1e-6 * c["latency_intra"],
         c["transfer_intra"] / intra["bandwidth_Bps"],
         0.0,  # NCCL's model has no separate reduction cost: it is in the measured bandwidth
-        max(int(r["world_size"]) for r in nccl["table"]),
+        max(int(r["world_size"]) for r in nccl["table"] or nccl["alltoall"]["table"]),
         nccl["rows"],
         nccl["rms_rel_error"],
         nccl["max_rel_error"],
@@ -371,6 +400,26 @@ def _print_nccl_fit(nccl: dict[str, Any], out: Path) -> None:
             for r in nccl["table"]
         ],
     )  # fmt: skip
+
+
+def _print_alltoall_fit(nccl: dict[str, Any], out: Path) -> None:
+    fit = nccl["alltoall"]
+    print_table(
+        "ringtree calibrate: NCCL all-to-all model (grouped point-to-point); corrections "
+        + ", ".join(f"{k} x{v:.2f}" for k, v in fit["corrections"].items())
+        + f" ({_residuals_dict(fit['levels'])}) -> {out}",
+        ["log", "ranks", "nodes", "size", "measured (us)", "NCCL model (us)", "fitted (us)", "error %"],
+        [
+            [Path(r["file"]).name, r["world_size"], r["nodes"], format_size(r["bytes"]),
+             f"{r['measured_us']:.1f}", f"{r['nccl_model_us']:.1f}", f"{r['fitted_us']:.1f}",
+             f"{(r['fitted_us'] / r['measured_us'] - 1) * 100:+.1f}"]
+            for r in fit["table"]
+        ],
+    )  # fmt: skip
+    typer.echo(
+        "all-to-all at a node shape these logs hold: read off their rows (log-log between sizes, "
+        "the fitted model's shape beyond them); other shapes: the fitted model"
+    )
 
 
 def _print_interpolation(nccl: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ alltoall_perf logs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ringtree.sim.hardware import Cluster
@@ -111,11 +112,31 @@ def price(s: NcclSystem, p: int, nodes: int, nbytes: int) -> Price:
 
 
 def seconds(tuning: NcclTuning, p: int, nodes: int, nbytes: int) -> tuple[float, Price | None]:
-    """Corrected seconds of NCCL's all-to-all, and its price (None when nothing moves)."""
+    """Corrected seconds of NCCL's all-to-all, and its price (None when nothing moves).
+
+    Where a calibration logged this node shape (`NcclTuning.alltoall_rows`), the corrected model
+    times the logged rows' measured / corrected ratio, interpolated log-log between the two nearest
+    sizes (the nearest row's outside them): every logged size comes back as measured.
+    """
     if nbytes <= 0 or p < 2:
         return 0.0, None
     priced = price(tuning.system, p, nodes, nbytes)
-    return priced.time_us(tuning.alltoall) * 1e-6, priced
+    model = priced.time_us(tuning.alltoall) * 1e-6
+    rows = sorted(
+        (n, s) for k, per_node, n, s in tuning.alltoall_rows if (k, per_node) == (nodes, p // nodes)
+    )
+    if not rows:
+        return model, priced
+    from ringtree.sim.measured import Curve  # (here: measured reads the calibration, which reads this)
+
+    sizes, times = zip(*rows, strict=True)
+    curve = Curve("native", nodes, p // nodes, sizes, times, (0.0,) * len(rows))
+    fit = functools.partial(_corrected_s, tuning, p, nodes)
+    return curve.corrected(nbytes, fit), priced
+
+
+def _corrected_s(tuning: NcclTuning, p: int, nodes: int, nbytes: int) -> float:
+    return price(tuning.system, p, nodes, nbytes).time_us(tuning.alltoall) * 1e-6
 
 
 def cluster_seconds(tuning: NcclTuning, cluster: Cluster, nbytes: int) -> float:

@@ -52,3 +52,5 @@ class NcclTuning:
     corrections: Corrections = field(default_factory=Corrections)
     # the same four factors for all-to-all (`ringtree.sim.nccl_alltoall`), fitted to alltoall_perf logs
     alltoall: Corrections = field(default_factory=Corrections)
+    # the logs' all-to-all times, (nodes, ranks per node, bytes, seconds): read off at their shape
+    alltoall_rows: tuple[tuple[int, int, int, float], ...] = ()
