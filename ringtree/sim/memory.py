@@ -149,7 +149,11 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
         states += states_bytes(experts / (run.ep * run.etp), run, expert_shards(run, dp))
         states += fp8.weight_bytes(run.dtype, run.fp8_recipe) * (params / t + experts / (run.ep * run.etp))
         if run.zero >= 3:
-            states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
+            layer_params = model.layer_params / t
+            if mo:  # an MoE layer's: its dense part over TP, its experts over EP x ETP
+                moe_params = model.moe_dense_weights + model.small_params
+                layer_params = max(layer_params, moe_params / t + model.expert_weights / (run.ep * run.etp))
+            states += 2 * WEIGHT_BYTES * layer_params  # the gathered layer and the prefetched one
         redo = run.mode_layers(n)
         if mo:  # per layer, averaged over the stage's dense and MoE layers
             moe_layer = activation_bytes_per_layer(model, run, None, True)

@@ -50,7 +50,28 @@ def linears_s(model: Transformer, run: Training, gpu: GPU, moe_layer: bool = Fal
 def layer_times(
     model: Transformer, run: Training, gpu: GPU, moe_layer: bool = False
 ) -> tuple[float, float, float]:
-    """One layer's forward and backward (recompute included) on one rank, and its attention forward."""
+    """One layer's forward and backward (recompute included) on one rank, and its attention forward.
+
+    Remembered per model, GPU and the training words a layer's time depends on (the search asks for
+    the same layer under many pipeline, ZeRO and batch layouts)."""
+    key = (model, _layer_words(run), gpu.name, gpu.hbm_GBps, moe_layer)
+    if key not in _LAYER_TIMES:
+        if len(_LAYER_TIMES) > 65536:
+            _LAYER_TIMES.clear()
+        _LAYER_TIMES[key] = _layer_times(model, run, gpu, moe_layer)
+    return _LAYER_TIMES[key]
+
+
+_LAYER_TIMES: dict[tuple[object, ...], tuple[float, float, float]] = {}
+
+
+def _layer_words(run: Training) -> tuple[object, ...]:
+    return (run.micro_batch, run.tp, run.cp, run.dtype, run.recompute, run.sequence_parallel,
+            run.flash_attention, run.attention_kernel, run.elementwise, run.ep, run.etp,
+            run.expert_load, run.fp8_recipe)  # fmt: skip
+
+
+def _layer_times(model: Transformer, run: Training, gpu: GPU, moe_layer: bool) -> tuple[float, float, float]:
     tokens = run.micro_batch * model.seq // run.cp
     dtype = run.compute_dtype
     mats, mats_back = linears_s(model, run, gpu, moe_layer)

@@ -5,15 +5,17 @@ nodes, as Megatron-LM's figure 13 ran TP 16 on 8-GPU nodes, is priced on the NIC
 (1, 2, 4, 8, dividing s / 2) x PP (dividing the layers) x DP (the rest) x virtual stages (1, 2, 4)
 x ZeRO (0-3) x sequence parallelism x micro-batch (1, 2, 4, 8) x recompute; for an MoE model x EP
 (powers of two dividing the experts and the stage's TP x CP x DP ranks) x ETP (1, or the TP degree),
-and under FP8 x the recipes the GPU runs, each unless the command pins it. A first pass prices
+and under FP8 the recipes the GPU runs, each unless the command pins it. A first pass prices
 every layout with the pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again
-with the replayed pipeline and ranked by that. Sequence parallelism is always on with TP (the same
+with the replayed pipeline (under FP8 in every recipe: a recipe changes the matmuls, not the layout's
+memory) and ranked by that. Sequence parallelism is always on with TP (the same
 traffic as the all-reduces, less memory and elementwise time), and each layout takes the lowest
 ZeRO stage that fits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -109,16 +111,16 @@ def _expert_words(
         eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if model.experts % e == 0 and folded % e == 0]
     if model.experts and "etp" not in extra and t > 1:
         etps = [1, t] if model.moe_ffn_hidden % t == 0 else [1]
-    recipes = [extra.get("fp8_recipe", "delayed")]
-    if dtype == "fp8" and "fp8_recipe" not in extra:
-        blackwell = gpu is not None and gpu.arch == "blackwell"
-        recipes = [r for r in fp8.RECIPES if r != "mxfp8" or blackwell]
-    rest = {k: v for k, v in extra.items() if k not in ("ep", "etp", "fp8_recipe")}
-    return [
-        {**rest, "ep": e, "etp": x, "fp8_recipe": r}
-        for e, x, r in itertools.product(eps, etps, recipes)
-        if folded % (e * x) == 0
-    ]
+    rest = {k: v for k, v in extra.items() if k not in ("ep", "etp")}
+    return [{**rest, "ep": e, "etp": x} for e, x in itertools.product(eps, etps) if folded % (e * x) == 0]
+
+
+def _recipes(run: Training, extra: dict[str, object], gpu: GPU) -> list[Training]:
+    """The run under every FP8 recipe the GPU runs, unless the command pinned one (or trains in BF16)."""
+    if run.dtype != "fp8" or "fp8_recipe" in extra:
+        return [run]
+    blackwell = gpu.arch == "blackwell"
+    return [dataclasses.replace(run, fp8_recipe=r) for r in fp8.RECIPES if r != "mxfp8" or blackwell]
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,11 @@ def search(
             step = predict(work(model, run, gpu, dp), cluster, algorithm, run.layout, fast=True).step_s
             rough.append((step, run))
     rough.sort(key=lambda x: x[0])
-    exact = [plan(model, run, cluster, gpu, algorithm) for _, run in rough[:REPLAYED]]
+    exact = [
+        plan(model, each, cluster, gpu, algorithm)
+        for _, run in rough[:REPLAYED]
+        for each in _recipes(run, extra or {}, gpu)
+    ]
     return Found(sorted(exact, key=lambda row: row.step_s), len(rough))
 
 

@@ -133,7 +133,10 @@ class Transformer:
 
     def moe_layers_in(self, start: int, count: int) -> int:
         """MoE layers among layers start .. start + count - 1."""
-        return sum(self.is_moe_layer(i) for i in range(start, start + count))
+        if not self.experts or count < 1:
+            return 0
+        low, high = max(1, start - self.dense_layers + 1), start + count - self.dense_layers
+        return max(0, high // self.moe_every - (low - 1) // self.moe_every) if high >= low else 0
 
     @functools.cached_property
     def moe_layer_count(self) -> int:
