@@ -28,6 +28,9 @@ TILE = 128  # cuBLAS's usual output tile edge for 16-bit GEMMs on Ampere and Hop
 FLASH_EFFICIENCY = 0.6  # FlashAttention-2 forward: 50-73% of A100 peak (Dao 2023, figure 4)
 FLASH_BACKWARD = 2.5  # the backward runs 5 matmuls to the forward's 2
 KERNEL_S = 6e-6  # launch and tail of one kernel
+# a grouped GEMM's share of a dense GEMM's rate at the same tile use: our choice, fitted to the
+# published MoE rows (docs/accuracy.md, "Mixture of experts, FP8 and Blackwell")
+GROUPED_EFFICIENCY = 0.9
 ELEMENTWISE_BYTES = 2.0  # HBM bytes moved per byte of stored activation (read it once, write once)
 
 
@@ -42,13 +45,32 @@ def shape_efficiency(m: int, n: int, gpu: GPU) -> float:
     return padded * min(1.0, tiles / gpu.sms)
 
 
-def gemm_s(m: int, n: int, k: int, gpu: GPU, dtype: str, itemsize: int = 2) -> float:
-    """One m x k by k x n matmul on the roofline (FLOPs at the shape's efficiency, or bytes) + a kernel."""
+def gemm_s(m: int, n: int, k: int, gpu: GPU, dtype: str, itemsize: int = 2, efficiency: float = 1.0) -> float:
+    """One m x k by k x n matmul on the roofline (FLOPs at the shape's efficiency, or bytes) + a kernel;
+    `efficiency` scales the rate (FP8's kernels, ringtree.sim.fp8)."""
     if min(m, n, k) < 1:
         return 0.0
-    rate = gpu.peak(dtype) * gpu.matmul_share * GEMM_EFFICIENCY * shape_efficiency(m, n, gpu)
+    rate = gpu.peak(dtype) * gpu.matmul_share * GEMM_EFFICIENCY * shape_efficiency(m, n, gpu) * efficiency
     flops = 2.0 * m * n * k / rate
     memory = itemsize * (m * k + k * n + m * n) / (gpu.hbm_GBps * 1e9)
+    return max(flops, memory) + KERNEL_S
+
+
+def grouped_gemm_s(
+    groups: int, m: float, n: int, k: int, gpu: GPU, dtype: str, itemsize: int = 2, efficiency: float = 1.0
+) -> float:
+    """One grouped matmul (torch._grouped_mm, Transformer Engine's and Megatron-Core's grouped GEMM):
+    `groups` m x k by k x n products in one kernel. Each group's rows are padded to whole tiles; the
+    tiles of all groups together fill the SMs; its weights stream from HBM once per group; at
+    GROUPED_EFFICIENCY of a dense GEMM's rate."""
+    if groups < 1 or min(m, n, k) <= 0:
+        return 0.0
+    rows = max(1, round(m))
+    tiles = _ceil(rows, TILE) // TILE * (_ceil(n, TILE) // TILE) * groups
+    padded = (rows / _ceil(rows, TILE)) * (n / _ceil(n, TILE)) * min(1.0, tiles / gpu.sms)
+    rate = gpu.peak(dtype) * gpu.matmul_share * GEMM_EFFICIENCY * GROUPED_EFFICIENCY * padded * efficiency
+    flops = 2.0 * groups * m * n * k / rate
+    memory = itemsize * groups * (m * k + k * n + m * n) / (gpu.hbm_GBps * 1e9)
     return max(flops, memory) + KERNEL_S
 
 

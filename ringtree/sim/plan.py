@@ -215,6 +215,19 @@ class StepWork:
     # of one parameter element as ZeRO's all-gathers move it (16-bit weights beside fp32 gradients);
     # 0: the gradients' itemsize
     param_itemsize: int = 0
+    # expert parallelism (ringtree.sim.moe): per micro-batch on this stage, `ep_forward` dispatch and
+    # combine exchanges in the forward and `ep_backward` in the backward, each of `ep_bytes` per rank
+    # over the EP group of `ep` ranks `etp` apart (an all-to-all, or with `ep_dispatcher` "allgather"
+    # an all-gather or reduce-scatter of that many output bytes); with ETP each also all-gathers or
+    # reduce-scatters `etp_bytes` over the ETP group; `ep_hidden_s` of compute per micro-batch can hide them
+    ep: int = 1
+    etp: int = 1
+    ep_bytes: int = 0
+    ep_forward: int = 0
+    ep_backward: int = 0
+    etp_bytes: int = 0
+    ep_dispatcher: str = "alltoall"
+    ep_hidden_s: float = 0.0
 
     @property
     def param_bytes(self) -> int:
@@ -258,6 +271,10 @@ class StepPrediction:
     exposed_zero_gather_s: float = 0.0
     tflops_per_gpu: float | None = None
     hardware_tflops_per_gpu: float | None = None
+    ep_comm_s: float = 0.0  # the expert-parallel exchanges left exposed
+    ep: int = 1
+    etp: int = 1
+    tokens_per_s_per_gpu: float | None = None
 
     @property
     def breakdown(self) -> dict[str, float]:
@@ -266,6 +283,7 @@ class StepPrediction:
             "optimizer_s": self.optimizer_s,
             "tp_comm_s": self.tp_comm_s,
             "cp_comm_s": self.cp_comm_s,
+            "ep_comm_s": self.ep_comm_s,
             "pp_bubble_s": self.pp_bubble_s,
             "sync_wait_s": self.sync_wait_s,
             "exposed_dp_s": self.exposed_dp_s,
@@ -441,8 +459,9 @@ def predict(
         one_tp = collective_s("all_reduce", algorithm, g.tp, work.tp_bytes, work.itemsize)
     cp_forward, cp_backward = _cp_exchange(work, g.cp, algorithm)
     gather_f, gather_b = _zero3_gathers(work, layout, g.dp, algorithm)
-    forward = work.forward_s + work.tp_forward * one_tp + cp_forward + gather_f
-    backward = work.backward_s + work.tp_backward * one_tp + cp_backward + gather_b
+    ep_forward, ep_backward = _ep_exchange(work, cluster, algorithm)
+    forward = work.forward_s + work.tp_forward * one_tp + cp_forward + gather_f + ep_forward
+    backward = work.backward_s + work.tp_backward * one_tp + cp_backward + gather_b + ep_backward
     busy = m * (forward + backward)
     makespan = _pipeline_s(work, layout, g.stage, forward, backward, fast) if pp > 1 else busy
     bubble = makespan - busy
@@ -488,7 +507,51 @@ def predict(
         hardware_tflops_per_gpu=(
             work.hardware_flops / (step * cluster.ranks) / 1e12 if work.hardware_flops and step else None
         ),
+        ep_comm_s=m * (ep_forward + ep_backward),
+        ep=work.ep,
+        etp=work.etp,
     )
+
+
+def ep_group(cluster: Cluster, ep: int, etp: int) -> Cluster:
+    """The cluster one EP group sees: ep ranks etp apart (the expert mesh's ETP innermost, then EP), in
+    one node (an NVLink domain: a DGX node, an NVL72 rack) while ep x etp fit in it, else over nodes,
+    the node's concurrent EP groups sharing its NICs."""
+    span, g = ep * etp, cluster.gpus_per_node
+    local = ep if span <= g else max(1, g // etp)
+    nodes = -(-ep // local)
+    nics = max(1, min(local, cluster.nics_per_node // min(etp, cluster.nics_per_node)))
+    return Cluster(nodes, local, cluster.intra, cluster.inter, cluster.gamma, nics, cluster.nccl)
+
+
+def _ep_exchange(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[float, float]:
+    """The expert-parallel exchanges of one micro-batch left exposed, forward and backward: the
+    all-to-alls priced by `ringtree.sim.alltoall` on the EP group (the allgather dispatcher's
+    collectives as the other collectives are), the ETP gathers, less the compute that hides them."""
+    if not (work.ep_forward or work.ep_backward):
+        return 0.0, 0.0
+    group = ep_group(cluster, work.ep, work.etp)
+    if work.ep_dispatcher == "allgather":
+        one = collective_s("all_gather", algorithm, ep_group(cluster, work.ep * work.etp, 1),
+                           work.ep_bytes, 2)  # fmt: skip
+    else:
+        one = _alltoall_s(group, work.ep_bytes)
+    if work.etp > 1:
+        one += collective_s("all_gather", algorithm, tp_group(cluster, work.etp), work.etp_bytes, 2)
+    forward, backward = work.ep_forward * one, work.ep_backward * one
+    hidden = work.ep_hidden_s
+    if not hidden:
+        return forward, backward
+    exposed = max(0.0, forward + backward - hidden)
+    share = forward / (forward + backward) if forward + backward else 0.0
+    return exposed * share, exposed * (1 - share)
+
+
+@functools.lru_cache(maxsize=1024)
+def _alltoall_s(group: Cluster, nbytes: int) -> float:
+    from ringtree.sim.alltoall import alltoall_seconds
+
+    return alltoall_seconds(group, nbytes)
 
 
 def _cp_exchange(work: StepWork, group: Cluster | None, algorithm: str) -> tuple[float, float]:
