@@ -212,3 +212,13 @@ def test_refusals_are_reported_and_pairs_compared() -> None:
     assert "1 not supported" in b.markdown(
         data(), [*results, {"id": "deepseek-v3-report-h800-2048gpu-fp8", **refused}]
     )
+
+
+@pytest.mark.timeout(120)
+def test_one_row_runs_through_the_planner() -> None:
+    """A Grok-1 row on GB200 (EP 8, ETP 4 inside the rack) runs through the contract command and is
+    compared: the planner accepts the MoE, EP and GPU-count options."""
+    result = bench().run_row(row("dgxc-gb200-grok-1-128gpu-bf16"), in_process=True)
+    assert result["status"] == "ok", result
+    assert result["measured"] == pytest.approx(256 * 8192 / (7.325 * 128)) and result["predicted"] > 0
+    assert result["command"].startswith("ringtree plan --model grok-1 --global-batch 256")
