@@ -83,6 +83,10 @@ def _layer_times(model: Transformer, run: Training, gpu: GPU, moe_layer: bool) -
     else:
         other = compute.elementwise_s(activation_bytes_per_layer(model, run, "none", moe_layer), gpu)
         other_back = 2 * other
+    if not run.flash_attention:  # Megatron-LM's 2021-2022 stack: its softmax fallback, its per-layer cost
+        softmax, softmax_back = compute.softmax_fallback_s(model, run.micro_batch, run.tp, run.cp, gpu)
+        other = other + softmax + compute.UNFUSED_LAYER_S
+        other_back = other_back + softmax_back + 2 * compute.UNFUSED_LAYER_S
     forward = mats + attention + other
     backward = mats_back + other_back + (compute.FLASH_BACKWARD if run.flash_attention else 2) * attention
     redo = {"none": 0.0, "selective": attention, "full": forward, "op": 0.0, "dots": 0.0}[run.recompute]
