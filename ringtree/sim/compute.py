@@ -125,7 +125,9 @@ def attention_s(
     return 2 * (gemm_s(s, model.seq, d, gpu, dtype) - KERNEL_S) * heads + 2 * KERNEL_S
 
 
-def softmax_fallback_s(model: Transformer, micro_batch: int, tp: int, cp: int, gpu: GPU) -> tuple[float, float]:
+def softmax_fallback_s(
+    model: Transformer, micro_batch: int, tp: int, cp: int, gpu: GPU
+) -> tuple[float, float]:
     """What unfused attention's softmax costs beyond its fused kernel, forward and backward, on one rank.
 
     Megatron-LM's `FusedScaleMaskSoftmax` (also in NeMo and Megatron-DeepSpeed) runs its fused
