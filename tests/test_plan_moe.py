@@ -214,7 +214,8 @@ def test_every_model_flag_reaches_the_spec(tmp_path: Path) -> None:
     window plans the Transformer those words describe."""
     code, output, data = _plan(
         tmp_path, "--model", "transformer", "--layers", "6", "--hidden", "1024", "--heads", "8",
-        "--seq", "2048", "--vocab", "32000", "--mlp", "swiglu", "--ffn-hidden", "4096", "--experts", "16", "--top-k", "4",
+        "--seq", "2048", "--vocab", "32000", "--mlp", "swiglu", "--ffn-hidden", "4096", "--experts", "16",
+        "--top-k", "4",
         "--moe-ffn-hidden", "512", "--shared-experts", "2", "--dense-layers", "2", "--moe-every", "2",
         "--attention", "mla", "--q-lora-rank", "256", "--kv-lora-rank", "128", "--qk-rope-dim", "32",
         "--head-dim", "64", "--v-head-dim", "64", "--sliding-window", "512", "--global-batch", "8",
