@@ -228,6 +228,10 @@ class StepWork:
     etp_bytes: int = 0
     ep_dispatcher: str = "alltoall"
     ep_hidden_s: float = 0.0
+    # this device's expert gradients (its experts' share), reduced over the expert-data-parallel group
+    # of `expert_dp` ranks ep x etp apart (Megatron-Core's expert-DP group), in their own buckets
+    expert_grad_bytes: int = 0
+    expert_dp: int = 1
 
     @property
     def param_bytes(self) -> int:
@@ -429,6 +433,20 @@ def _sizes(work: StepWork) -> list[int]:
     return buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
 
 
+def _expert_reduce(
+    work: StepWork, layout: Layout, cluster: Cluster, algorithm: str
+) -> list[tuple[int, float]]:
+    """The expert gradients' buckets (bytes, seconds): reduced (or with ZeRO reduce-scattered) over the
+    expert-data-parallel group, whose members are ep x etp ranks apart."""
+    if not work.expert_grad_bytes:
+        return []
+    kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
+    group = dp_group(cluster, work.ep * work.etp, work.expert_dp)
+    sizes = buckets(work.expert_grad_bytes, work.itemsize, work.bucket_mb)
+    cache = {n: collective_s(kind, algorithm, group, n, work.itemsize) for n in set(sizes)}
+    return [(n, cache[n]) for n in sizes]
+
+
 def _reduce_s(work: StepWork, layout: Layout, g: _Groups, algorithm: str) -> tuple[float, list[float]]:
     """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter; with a shard
     group, the reduce-scatter inside it and then the all-reduce of its shard across the groups."""
@@ -467,15 +485,23 @@ def predict(
     bubble = makespan - busy
     makespan += work.sync_wait_s
     reduce_s, times = _reduce_s(work, layout, g, algorithm)
+    experts = _expert_reduce(work, layout, cluster, algorithm)
+    sizes = _sizes(work) + [n for n, _ in experts]
+    times += [t for _, t in experts]
+    reduce_s += sum(t for _, t in experts)
     if (work.overlap or layout.zero == 3) and times:  # FSDP reduce-scatters each layer in its backward
         # bucket i starts once the last backward has produced it and bucket i-1 is done, so the last
         # ends at max over i of (bucket i's start + the times of buckets i..k)
-        ready = makespan - backward + backward * np.cumsum(_sizes(work)) / work.grad_bytes
+        ready = makespan - backward + backward * np.cumsum(sizes) / sum(sizes)
         end = float(np.max(ready + np.cumsum(times[::-1])[::-1]))
         exposed = max(makespan, end) - makespan
     else:
         exposed = reduce_s
     gathered = _zero_param_gather_s(work, layout, g.dp, algorithm, m * forward)
+    if work.expert_grad_bytes and layout.zero in (1, 2):  # the experts' updated shards, over expert-DP
+        expert_work = dataclasses.replace(work, grad_bytes=work.expert_grad_bytes)
+        expert_group = dp_group(cluster, work.ep * work.etp, work.expert_dp)
+        gathered += _zero_param_gather_s(expert_work, layout, expert_group, algorithm, m * forward - gathered)
     step = makespan + exposed + work.optimizer_s + gathered
     peak = work.peak_flops * cluster.ranks
     return StepPrediction(

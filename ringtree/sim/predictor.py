@@ -141,7 +141,8 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
     k = max(range(p), key=lambda j: fs[j] + bs[j])  # the slowest stage sets the pace
     layers = float(counts[k])
     share = sum(redo) / model.layers  # of the model's layers, priced with the run's recompute
-    stage_params = _rank_params(model, run) / p
+    experts = model.moe_layer_count * model.expert_weights / (run.ep * run.etp * p)
+    stage_params = _rank_params(model, run) / p - experts
     m = run.micro_batches(dp)
     moe_k = moes[k]
     tp_layer = 2 * (counts[k] - moe_k) + (1 + bool(model.shared_experts)) * moe_k  # MoE: no MLP TP pair
@@ -179,6 +180,8 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         etp_bytes=moe.etp_bytes(model, run),
         ep_dispatcher=run.moe_dispatcher,
         ep_hidden_s=fs[k] + bs[k] if run.moe_overlap else 0.0,
+        expert_grad_bytes=int(experts) * run.grad_itemsize,
+        expert_dp=expert_shards(run, dp),
     )
 
 
