@@ -67,6 +67,23 @@ def errors(call_s: float) -> list[tuple[str, float, float]]:
     return out
 
 
+def missing_ms() -> list[tuple[str, float]]:
+    """Figure 15's rows: the time the planner is missing (published step - predicted step, the published
+    step being the predicted one x predicted / published TFLOP/s) per layer per micro-batch of a rank."""
+    preset, out = get("dgx-a100"), []
+    for name, model, batch, b, t, p, _gpus, published in rows():
+        if name.startswith("figure 15"):
+            r = plan(
+                model,
+                Training(batch, b, t, p, "fp16", "full", flash_attention=False),
+                preset.cluster(8),
+                preset.gpu,
+            )
+            step = r.step_s * (r.hardware_tflops_per_gpu or 0.0) / published
+            out.append((name, (step - r.step_s) / (model.layers * r.micro_batches) * 1e3))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--call-ms", type=float, default=0.28, help="Cost per TP call (default %(default)s).")
@@ -76,7 +93,10 @@ def main() -> None:
     for name, before, after in result:
         print(f"| {name} | {before:+.1%} | {after:+.1%} |")
     medians = [statistics.median(abs(r[i]) for r in result) for i in (1, 2)]
-    print(f"\n{len(result)} rows: median |error| {medians[0]:.1%} -> {medians[1]:.1%}")
+    print(f"\n{len(result)} rows: median |error| {medians[0]:.1%} -> {medians[1]:.1%}\n")
+    print("| figure 15 row | missing per layer per micro-batch |\n|---|---|")
+    for name, ms in missing_ms():
+        print(f"| {name} | {ms:.2f} ms |")
 
 
 if __name__ == "__main__":
