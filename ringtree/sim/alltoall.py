@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 
 from ringtree.sim import nccl_alltoall, nccl_model
-from ringtree.sim.alltoall_form import ALGORITHMS, ALONG_PATHS, GROUPS
+from ringtree.sim.alltoall_form import ALGORITHMS, ALONG_PATHS, GROUPS, one_partner_s
 from ringtree.sim.flows import total_time
 from ringtree.sim.hardware import Cluster
 
@@ -63,7 +63,12 @@ def estimate(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -
     if count == 0 or cluster.ranks == 1:
         return 0.0
     block = count * itemsize / cluster.ranks
-    return total_time(GROUPS[name](cluster, block), cluster, name in ALONG_PATHS)
+    groups = GROUPS[name](cluster, block)
+    if name in ALONG_PATHS:
+        fast = one_partner_s(cluster, groups)
+        if fast is not None:
+            return fast
+    return total_time(groups, cluster, name in ALONG_PATHS)
 
 
 def replay(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
