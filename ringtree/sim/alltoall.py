@@ -91,7 +91,10 @@ def alltoall_time(
         tuning = nccl_model.tuning_for(cluster)
         if tuning is not None:
             seconds, priced = nccl_alltoall.seconds(tuning, cluster.ranks, cluster.nodes, nbytes)
-            return Estimate(algorithm, seconds, "nccl-model", f"p2p/{priced.protocol}" if priced else "")
+            how = (
+                "measured" if nccl_alltoall.reads_rows(tuning, cluster.ranks, cluster.nodes) else "nccl-model"
+            )
+            return Estimate(algorithm, seconds, how, f"p2p/{priced.protocol}" if priced else "")
     if method == "auto":
         method = "replay" if cluster.ranks <= AUTO_REPLAY_MAX_RANKS else "closed-form"
     if method == "replay":
