@@ -4,7 +4,8 @@ Each table (tests/data/nccl-tests, sources in its README) is compared with what 
 --cluster NAME --nodes N --collective all-to-all --algorithm native --bytes SIZE` predicts for every
 logged size of at least 1 MiB: NCCL's all-to-all model (grouped point-to-point) on the preset's
 links, no calibration. The measured time of a size is the faster of its out-of-place and in-place
-times. A table of hosts in one NVLink domain (GB300 NVL72) is priced as one node of that many GPUs.
+times. Hosts that share an NVLink domain (GB200 / GB300 NVL72 racks) are priced as one node of that
+many GPUs (`Table.domain`).
 
 Run: PYTHONPATH=. python benchmarks/nccl_alltoall_published.py [--json OUT]   (model arithmetic)
 """
@@ -12,6 +13,7 @@ Run: PYTHONPATH=. python benchmarks/nccl_alltoall_published.py [--json OUT]   (m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from typing import Any
 
 from ringtree.sim.alltoall import alltoall_time
 from ringtree.sim.clusters import preset_cluster
+from ringtree.sim.hardware import Cluster
 from ringtree.sim.nccl_tests import parse
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl-tests"
@@ -28,26 +31,32 @@ MIN_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Table:
-    """One published table and the preset that models it (`nvlink_domain`: its hosts share NVLink)."""
+    """One published table and the preset that models it.
+
+    `domain`: GPUs per NVLink domain when the log's hosts share NVLink (a GB200 / GB300 NVL72 rack,
+    16 hosts of 4 in these runs): priced as nodes of that many GPUs with one NIC per GPU (each
+    NVL72 tray has a 400 Gb/s NIC per GPU, as the DGX B200 preset has); 0: the log's own hosts.
+    """
 
     log: str
     cluster: str
     system: str
-    nvlink_domain: bool = False
+    domain: int = 0
 
 
+_GB200 = "OCI GB200 NVL72 (B200 GPUs, NVLink 5)"
+_GB300 = "OCI GB300 NVL72 (B300 GPUs, NVLink 5)"
 TABLES = (
     Table("h100-1x4-alltoall.log", "dgx-h100", "4 x H100 SXM, one node (NVIDIA/nccl#2169)"),
-    Table("gb300-1x4-nvl72-alltoall.log", "dgx-b200", "GB300 NVL72 (OCI), 1 host of 4", True),
-    Table(
-        "gb300-2x4-nvl72-alltoall.log", "dgx-b200", "GB300 NVL72 (OCI), 2 hosts of 4, one NVLink domain", True
-    ),
-    Table(
-        "gb300-16x4-nvl72-alltoall.log",
-        "dgx-b200",
-        "GB300 NVL72 (OCI), 16 hosts of 4, one NVLink domain",
-        True,
-    ),
+    Table("gb200-1x4-nvl72-alltoall.log", "dgx-b200", f"{_GB200}, 1 host of 4", 4),
+    Table("gb200-2x4-nvl72-alltoall.log", "dgx-b200", f"{_GB200}, 2 hosts of 4, one rack", 8),
+    Table("gb200-16x4-nvl72-alltoall.log", "dgx-b200", f"{_GB200}, 16 hosts of 4, one rack", 64),
+    Table("gb200-32x4-nvl72-alltoall.log", "dgx-b200", f"{_GB200}, 32 hosts of 4, two racks", 64),
+    Table("gb200-48x4-nvl72-alltoall.log", "dgx-b200", f"{_GB200}, 48 hosts of 4, three racks", 64),
+    Table("gb300-1x4-nvl72-alltoall.log", "dgx-b200", f"{_GB300}, 1 host of 4", 4),
+    Table("gb300-2x4-nvl72-alltoall.log", "dgx-b200", f"{_GB300}, 2 hosts of 4, one rack", 8),
+    Table("gb300-16x4-nvl72-alltoall.log", "dgx-b200", f"{_GB300}, 16 hosts of 4, one rack", 64),
+    Table("gb300-32x4-nvl72-alltoall.log", "dgx-b200", f"{_GB300}, 32 hosts of 4, two racks", 64),
     Table("h100-2x8-p5-efa-alltoall.log", "p5.48xlarge", "AWS p5.48xlarge, EFA (HyperPod), 2 nodes"),
     Table("h100-4x8-p5-efa-alltoall.log", "p5.48xlarge", "same, 4 nodes"),
     Table("h100-8x8-p5-efa-alltoall.log", "p5.48xlarge", "same, 8 nodes"),
@@ -56,11 +65,20 @@ TABLES = (
 )
 
 
+def cluster_of(table: Table, world_size: int, nodes: int) -> Cluster:
+    """The preset reshaped to the table's nodes (or NVLink domains) and GPUs per node."""
+    if not table.domain:
+        return preset_cluster(table.cluster, nodes, gpus_per_node=world_size // nodes)
+    domains = max(1, world_size // table.domain)
+    per_domain = world_size // domains
+    cluster = preset_cluster(table.cluster, domains, gpus_per_node=per_domain)
+    return dataclasses.replace(cluster, nics_per_node=per_domain)
+
+
 def compare(table: Table) -> list[dict[str, Any]]:
     """One row per logged size of at least 1 MiB: measured and predicted microseconds, the error."""
     (run,) = parse(DATA / table.log)
-    nodes, per_node = (1, run.world_size) if table.nvlink_domain else (run.nodes, run.ranks_per_node)
-    cluster = preset_cluster(table.cluster, nodes, gpus_per_node=per_node)
+    cluster = cluster_of(table, run.world_size, run.nodes)
     out = []
     for r in run.rows:
         if r.nbytes < MIN_BYTES:
@@ -68,9 +86,9 @@ def compare(table: Table) -> list[dict[str, Any]]:
         measured = min(r.out_of_place_us, r.in_place_us)
         predicted = alltoall_time("native", cluster, r.nbytes).seconds * 1e6
         out.append(
-            {"log": table.log, "cluster": table.cluster, "nodes": nodes, "gpus_per_node": per_node,
-             "bytes": r.nbytes, "measured_us": measured, "predicted_us": predicted,
-             "error": predicted / measured - 1.0}
+            {"log": table.log, "cluster": table.cluster, "nodes": cluster.nodes,
+             "gpus_per_node": cluster.gpus_per_node, "bytes": r.nbytes, "measured_us": measured,
+             "predicted_us": predicted, "error": predicted / measured - 1.0}
         )  # fmt: skip
     return out
 
