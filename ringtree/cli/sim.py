@@ -90,7 +90,7 @@ def sim(
     if path is not None:
         from ringtree.plots import plot_sim_sweep
 
-        plot_sim_sweep(rows, "ranks" if sweep == "nodes" else "bytes", path, _title(base))
+        plot_sim_sweep(rows, "ranks" if sweep == "nodes" else "bytes", path, _title(base), collective)
         typer.echo(f"wrote {path}")
 
 
