@@ -42,7 +42,9 @@ def sim(
     nbytes: str = typer.Option(
         "64M", "--bytes", help="Size, e.g. 8, 4K, 64M (all-to-all: the per-rank buffer, as nccl-tests)."
     ),
-    method: str = typer.Option("auto", help="closed-form, replay, or auto (replay up to 64 ranks)."),
+    method: str = typer.Option(
+        "auto", help="closed-form, replay, or auto (replay up to 64 ranks, 32 for all-to-all)."
+    ),
     calibration: Path | None = typer.Option(None, help="A `ringtree calibrate` file for unnamed links."),
     sweep: str | None = typer.Option(
         None, help="'sizes' (--min-bytes..--max-bytes) or 'nodes' (1..--nodes)."
