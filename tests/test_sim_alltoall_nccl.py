@@ -93,3 +93,17 @@ def test_presets_against_published_tables(published: ModuleType) -> None:
     assert any(row["nodes"] > 1 for row in within.values())
     assert any(row["nodes"] == 1 and row["gpus_per_node"] == 64 for row in within.values())
     assert all(r["bytes"] >= 1 << 20 for t in tables.values() for r in t["rows"])
+
+
+def test_all_reduce_and_alltoall_logs_in_one_call(tmp_path: Path) -> None:
+    """Each collective keeps its own corrections; logs of two GPU generations are refused."""
+    out = tmp_path / "both.json"
+    result = CliRunner().invoke(
+        app, ["calibrate", str(DATA / "h100-2x8-ndr.log"), str(P5_2X8), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    tuning = nccl_fit.tuning(json.loads(out.read_text())["nccl"])
+    assert tuning.corrections != tuning.alltoall and tuning.alltoall_rows
+    mixed = ["calibrate", str(DATA / "a100-1x8-old.log"), str(P5_2X8), "--out", str(tmp_path / "x.json")]
+    result = CliRunner().invoke(app, mixed)
+    assert result.exit_code == 2 and "one GPU generation" in result.output

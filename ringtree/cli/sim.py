@@ -269,6 +269,8 @@ def calibrate(
             raise ValueError("--inter describes the NICs of nccl-tests logs; none was given")
         reduce_rows = [r for r in nccl_rows if r["collective"] == "all_reduce"]
         a2a_rows = [r for r in nccl_rows if r["collective"] == "all_to_all"]
+        if reduce_rows and a2a_rows:
+            nccl_fit.hardware(nccl_rows, nic, nics_per_node)  # refuses logs of two GPU generations
         nccl = nccl_fit.fit(reduce_rows, nic, nics_per_node) if reduce_rows else None
         if a2a_rows:
             nccl = _with_alltoall(nccl, a2a_rows, nic, nics_per_node)
