@@ -171,6 +171,14 @@ def test_conversions_to_tokens_per_second_per_gpu() -> None:
     assert row("deepseek-v3-report-h800-2048gpu-fp8")["measured"]["value"] == pytest.approx(
         1e12 / (180e3 * 3600), abs=0.1
     )
+    # Megatron-LM's MoE README: 468 TFLOP/s per GPU over its FLOP count of Mixtral 8x7B per token,
+    # 12 L h^2 ((1 + g/a + s/h) + F/h x top-k x 3/2 + V/(2 L h))
+    per_token = (
+        12 * 32 * 4096**2 * ((1 + 8 / 32 + 4096 / 4096) + 14336 / 4096 * 2 * 1.5 + 32000 / (2 * 32 * 4096))
+    )
+    mixtral = row("megatron-moe-readme-h100-mixtral-8x7b-64gpu")
+    assert mixtral["also_published"]["flops_per_token"] == pytest.approx(per_token)
+    assert mixtral["measured"]["value"] == pytest.approx(468e12 / per_token, abs=0.1)
     plan = {"step_s": 2.0, "mfu": 0.3}
     r = row("mbridge-26.04.01-gb200-deepseek-v3-mxfp8")
     assert b.predicted_tokens_per_s_per_gpu(r, plan) == pytest.approx(4096 * 4096 / (2.0 * 256))

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from ringtree.cli.app import app
 from ringtree.sim import INTER, INTRA, Cluster, Link
-from ringtree.sim.alltoall import alltoall_seconds, alltoall_time, estimate
+from ringtree.sim.alltoall import ALGORITHMS, alltoall_seconds, alltoall_time, estimate, replay
 from ringtree.sim.alltoall_form import bruck_blocks
 from ringtree.sim.clusters import CLUSTERS
 from ringtree.sim.nccl_alltoall import price
@@ -81,3 +86,66 @@ def test_nothing_to_move_costs_nothing() -> None:
     assert alltoall_seconds(Cluster(1, 1, INTRA["nvlink-h100"], INTER["ib-ndr"]), 1 << 20) == 0.0
     with pytest.raises(ValueError, match="unknown all-to-all algorithm"):
         alltoall_seconds(c, 1024, "ring")
+
+
+# (nodes, GPUs per node): 8 to 64 ranks, powers of two and not, one or several NICs per node
+SHAPES = [(1, 8), (2, 4), (4, 2), (8, 1), (1, 12), (3, 4), (2, 3), (4, 8), (8, 8), (16, 4)]
+
+
+@pytest.mark.parametrize(("nodes", "local"), SHAPES)
+def test_closed_form_equals_replay(nodes: int, local: int) -> None:
+    """Every algorithm's closed form equals the replay of the executor's schedule (within 0.1%)."""
+    for nics in sorted({1, local}):
+        c = Cluster(nodes, local, INTRA["pcie-gen4"], INTER["eth-25g"], nics_per_node=nics)
+        for algorithm in ALGORITHMS:
+            for nbytes in (4096 * c.ranks, MiB * c.ranks // 8, 16 * MiB):
+                closed, replayed = estimate(algorithm, c, nbytes), replay(algorithm, c, nbytes)
+                assert closed == pytest.approx(replayed, rel=1e-3), (algorithm, nics, nbytes)
+
+
+def test_closed_form_equals_replay_at_256_ranks() -> None:
+    """32 DGX-like nodes: NVLink inside, a NIC per GPU across (the closed form is exact here too)."""
+    c = Cluster(32, 8, INTRA["nvlink-h100"], INTER["ib-ndr"], nics_per_node=8)
+    for algorithm in ("linear", "pairwise"):
+        n = MiB * 16
+        assert estimate(algorithm, c, n) == pytest.approx(replay(algorithm, c, n), rel=1e-3), algorithm
+
+
+def test_closed_forms_run_at_4096_ranks() -> None:
+    """512 nodes of 8: every closed form in well under a second; at 64 KiB per rank the two-hop
+    exchange ties linear (one latency a step in the model) and Bruck's log steps beat pairwise."""
+    c = Cluster(512, 8, INTRA["nvlink-h100"], INTER["ib-ndr"], nics_per_node=8)
+    n = 4096 * 16
+    times = {a: estimate(a, c, n) for a in ALGORITHMS}
+    assert times["bruck"] < times["pairwise"]
+    assert times["linear"] < times["pairwise"]
+    assert all(t > 0 for t in times.values())
+
+
+def test_sim_sweep_json_is_the_contract(tmp_path: Path) -> None:
+    """`ringtree sim --collective all-to-all --sweep sizes` rows: algorithm, bytes, time_s (and the rest)."""
+    out = tmp_path / "a2a.json"
+    args = ["sim", "--cluster", "dgx-h100", "--nodes", "2", "--collective", "all-to-all", "--algorithm"]
+    args += ["native", "--sweep", "sizes", "--min-bytes", "1M", "--max-bytes", "1G", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [r["bytes"] for r in rows] == [MiB << (2 * i) for i in range(6)]
+    assert all(r["algorithm"] == "native" and r["collective"] == "all-to-all" for r in rows)
+    c = CLUSTERS["dgx-h100"].cluster(2)
+    assert [r["time_s"] for r in rows] == [alltoall_seconds(c, r["bytes"]) for r in rows]
+    assert rows[-1]["busbw_gbps"] == pytest.approx(rows[-1]["algbw_gbps"] * 15 / 16)
+
+
+def test_sim_all_to_all_algorithms_and_bad_input(tmp_path: Path) -> None:
+    base = ["sim", "--intra", "pcie-gen4", "--inter", "eth-25g", "--nodes", "2", "--gpus-per-node", "4"]
+    result = CliRunner().invoke(app, [*base, "--collective", "all-to-all", "--algorithm", "all"])
+    assert result.exit_code == 0, result.output
+    assert all(a in result.output for a in ALGORITHMS)
+    for extra, words in (
+        (["--collective", "all-to-all", "--algorithm", "ring"], "unknown all-to-all algorithm"),
+        (["--collective", "all-gather"], "unknown --collective"),
+        (["--collective", "all-to-all", "--method", "replay", "--nodes", "128"], "at most 256"),
+    ):
+        result = CliRunner().invoke(app, [*base, *extra])
+        assert result.exit_code == 2 and words in result.output, result.output

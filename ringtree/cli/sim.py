@@ -42,7 +42,9 @@ def sim(
     nbytes: str = typer.Option(
         "64M", "--bytes", help="Size, e.g. 8, 4K, 64M (all-to-all: the per-rank buffer, as nccl-tests)."
     ),
-    method: str = typer.Option("auto", help="closed-form, replay, or auto (replay up to 64 ranks)."),
+    method: str = typer.Option(
+        "auto", help="closed-form, replay, or auto (replay up to 64 ranks, 32 for all-to-all)."
+    ),
     calibration: Path | None = typer.Option(None, help="A `ringtree calibrate` file for unnamed links."),
     sweep: str | None = typer.Option(
         None, help="'sizes' (--min-bytes..--max-bytes) or 'nodes' (1..--nodes)."
@@ -90,7 +92,7 @@ def sim(
     if path is not None:
         from ringtree.plots import plot_sim_sweep
 
-        plot_sim_sweep(rows, "ranks" if sweep == "nodes" else "bytes", path, _title(base))
+        plot_sim_sweep(rows, "ranks" if sweep == "nodes" else "bytes", path, _title(base), collective)
         typer.echo(f"wrote {path}")
 
 
@@ -267,6 +269,8 @@ def calibrate(
             raise ValueError("--inter describes the NICs of nccl-tests logs; none was given")
         reduce_rows = [r for r in nccl_rows if r["collective"] == "all_reduce"]
         a2a_rows = [r for r in nccl_rows if r["collective"] == "all_to_all"]
+        if reduce_rows and a2a_rows:
+            nccl_fit.hardware(nccl_rows, nic, nics_per_node)  # refuses logs of two GPU generations
         nccl = nccl_fit.fit(reduce_rows, nic, nics_per_node) if reduce_rows else None
         if a2a_rows:
             nccl = _with_alltoall(nccl, a2a_rows, nic, nics_per_node)

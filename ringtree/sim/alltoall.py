@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 
 from ringtree.sim import nccl_alltoall, nccl_model
-from ringtree.sim.alltoall_form import ALGORITHMS, ALONG_PATHS, GROUPS
+from ringtree.sim.alltoall_form import ALGORITHMS, ALONG_PATHS, GROUPS, one_partner_s
 from ringtree.sim.flows import total_time
 from ringtree.sim.hardware import Cluster
 
@@ -63,7 +63,12 @@ def estimate(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -
     if count == 0 or cluster.ranks == 1:
         return 0.0
     block = count * itemsize / cluster.ranks
-    return total_time(GROUPS[name](cluster, block), cluster, name in ALONG_PATHS)
+    groups = GROUPS[name](cluster, block)
+    if name in ALONG_PATHS:
+        fast = one_partner_s(cluster, groups)
+        if fast is not None:
+            return fast
+    return total_time(groups, cluster, name in ALONG_PATHS)
 
 
 def replay(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
@@ -86,7 +91,10 @@ def alltoall_time(
         tuning = nccl_model.tuning_for(cluster)
         if tuning is not None:
             seconds, priced = nccl_alltoall.seconds(tuning, cluster.ranks, cluster.nodes, nbytes)
-            return Estimate(algorithm, seconds, "nccl-model", f"p2p/{priced.protocol}" if priced else "")
+            how = (
+                "measured" if nccl_alltoall.reads_rows(tuning, cluster.ranks, cluster.nodes) else "nccl-model"
+            )
+            return Estimate(algorithm, seconds, how, f"p2p/{priced.protocol}" if priced else "")
     if method == "auto":
         method = "replay" if cluster.ranks <= AUTO_REPLAY_MAX_RANKS else "closed-form"
     if method == "replay":

@@ -67,8 +67,8 @@ A100_80 = GPU("a100-sxm4-80gb", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16":
 # MAMF shares (matmul_share): H100 SXM 792.1 of 989 (80.1%); H200 as H100 (the same tensor cores);
 # B200 SXM 1745.0 of 2250 (77.6%), ml-engineering's Blackwell MAMF table
 # FP8 dense peaks: H100/H200/H800 SXM 1,979 TFLOP/s (the datasheets' 3,958 with sparsity, halved);
-# B200 4,500 (DGX B200: 72 PFLOPS FP8 training for 8 GPUs); GB200 5,000 (GB200 NVL72: 360 PFLOPS
-# dense FP8 for 72 GPUs... the datasheet's 720 with sparsity, halved)
+# B200 4,500 (HGX B200: 72 PFLOPS FP8 with sparsity for 8 GPUs, halved); GB200 5,000 (GB200 NVL72:
+# 720 PFLOPS FP8 with sparsity for 72 GPUs, halved)
 _H100_TFLOPS = {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979}
 _FA2_ON_HOPPER = 0.35 / 0.6
 H100 = GPU("h100-sxm5-80gb", _H100_TFLOPS, 80, 3350, 132, 0.801, _FA2_ON_HOPPER, "hopper")
@@ -93,9 +93,9 @@ B200 = GPU(
     _FA2_ON_HOPPER,
     "blackwell",
 )
-# GB200 NVL72, per GPU: 2.5 PFLOPS dense BF16 (180 PFLOPS FP16/BF16 dense for 72... the datasheet's
-# 360 with sparsity, halved), 186 GB of HBM3e at 8 TB/s (13.4 TB and 576 TB/s for the rack, / 72);
-# the B200's SMs and matmul share
+# GB200 NVL72, per GPU: 2.5 PFLOPS dense BF16 (the datasheet's 360 PFLOPS FP16/BF16 with sparsity
+# for 72 GPUs, halved), 186 GB of HBM3e at 8 TB/s (13.4 TB and 576 TB/s for the rack, / 72), FP32 80
+# (5,760 TFLOPS for the rack); the B200's SMs and matmul share
 GB200 = GPU(
     "gb200-186gb",
     {"fp32": 80, "tf32": 1250, "fp16": 2500, "bf16": 2500, "fp8": 5000},

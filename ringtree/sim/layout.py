@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringtree.sim.eager import ELEMENTWISE
+from ringtree.sim.fp8 import RECIPES
 from ringtree.sim.plan import Layout
 from ringtree.sim.transformer import RECOMPUTE, Transformer
 
@@ -138,8 +139,6 @@ class Training:
             )
 
     def _check_moe(self) -> None:
-        from ringtree.sim.fp8 import RECIPES
-
         if min(self.ep, self.etp) < 1:
             raise ValueError(f"--ep and --etp must be at least 1, got {self.ep} and {self.etp}")
         if self.moe_dispatcher not in DISPATCHERS:

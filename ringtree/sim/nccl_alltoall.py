@@ -30,7 +30,7 @@ import functools
 from dataclasses import dataclass
 
 from ringtree.sim.hardware import Cluster
-from ringtree.sim.nccl_model import BASE_LAT, HW_LAT, NVLINK_BW_PER_LINK
+from ringtree.sim.nccl_model import BASE_LAT, HW_LAT
 from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
 
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD: bytes per peer up to which p2p runs LL
@@ -135,6 +135,11 @@ def seconds(tuning: NcclTuning, p: int, nodes: int, nbytes: int) -> tuple[float,
     return curve.corrected(nbytes, fit), priced
 
 
+def reads_rows(tuning: NcclTuning, p: int, nodes: int) -> bool:
+    """Whether a calibration logged all-to-alls at this GPU count and node shape."""
+    return any((k, per_node) == (nodes, p // nodes) for k, per_node, _, _ in tuning.alltoall_rows)
+
+
 def _corrected_s(tuning: NcclTuning, p: int, nodes: int, nbytes: int) -> float:
     return price(tuning.system, p, nodes, nbytes).time_us(tuning.alltoall) * 1e-6
 
@@ -144,4 +149,4 @@ def cluster_seconds(tuning: NcclTuning, cluster: Cluster, nbytes: int) -> float:
     return seconds(tuning, cluster.ranks, cluster.nodes, nbytes)[0]
 
 
-__all__ = ["NVLINK_BW_PER_LINK", "Price", "cluster_seconds", "intra_bandwidth_GBps", "price", "seconds"]
+__all__ = ["Price", "cluster_seconds", "intra_bandwidth_GBps", "price", "reads_rows", "seconds"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -429,38 +430,48 @@ def _pipeline_s(
     return busy + ideal / v + v * messages
 
 
-def _sizes(work: StepWork) -> list[int]:
-    return buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
+def _bucket_times(
+    total: int, itemsize: int, bucket_mb: float, price: Callable[[int], float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`buckets` of `total` bytes as arrays, and each one's time by `price` (the full buckets are one
+    size: priced once)."""
+    cap = max(itemsize, int(bucket_mb * (1 << 20)) // itemsize * itemsize)
+    full, rest = divmod(total, cap)
+    sizes = np.full(full + bool(rest), float(cap))
+    times = np.full(len(sizes), price(cap) if full else 0.0)
+    if rest:
+        sizes[-1], times[-1] = rest, price(rest)
+    return sizes, times
 
 
 def _expert_reduce(
     work: StepWork, layout: Layout, cluster: Cluster, algorithm: str
-) -> list[tuple[int, float]]:
+) -> tuple[np.ndarray, np.ndarray]:
     """The expert gradients' buckets (bytes, seconds): reduced (or with ZeRO reduce-scattered) over the
     expert-data-parallel group, whose members are ep x etp ranks apart."""
     if not work.expert_grad_bytes:
-        return []
+        return np.zeros(0), np.zeros(0)
     kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
     group = dp_group(cluster, work.ep * work.etp, work.expert_dp)
-    sizes = buckets(work.expert_grad_bytes, work.itemsize, work.bucket_mb)
-    cache = {n: collective_s(kind, algorithm, group, n, work.itemsize) for n in set(sizes)}
-    return [(n, cache[n]) for n in sizes]
+    return _bucket_times(
+        work.expert_grad_bytes,
+        work.itemsize,
+        work.bucket_mb,
+        lambda n: collective_s(kind, algorithm, group, n, work.itemsize),
+    )
 
 
-def _reduce_s(work: StepWork, layout: Layout, g: _Groups, algorithm: str) -> tuple[float, list[float]]:
-    """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter; with a shard
-    group, the reduce-scatter inside it and then the all-reduce of its shard across the groups."""
+def _reduce_s(work: StepWork, layout: Layout, g: _Groups, algorithm: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each bucket's size and gradient reduction: an all-reduce, or with ZeRO a reduce-scatter; with a
+    shard group, the reduce-scatter inside it and then the all-reduce of its shard across the groups."""
     kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
-    sizes = _sizes(work)
     share = g.dp.ranks
 
     def one(n: int) -> float:
         across = collective_s("all_reduce", algorithm, g.replicas, n // share, work.itemsize)
         return collective_s(kind, algorithm, g.dp, n, work.itemsize) + across
 
-    cache = {n: one(n) for n in set(sizes)}
-    times = [cache[n] for n in sizes]
-    return sum(times), times
+    return _bucket_times(work.grad_bytes, work.itemsize, work.bucket_mb, one)
 
 
 def predict(
@@ -484,15 +495,14 @@ def predict(
     makespan = _pipeline_s(work, layout, g.stage, forward, backward, fast) if pp > 1 else busy
     bubble = makespan - busy
     makespan += work.sync_wait_s
-    reduce_s, times = _reduce_s(work, layout, g, algorithm)
-    experts = _expert_reduce(work, layout, cluster, algorithm)
-    sizes = _sizes(work) + [n for n, _ in experts]
-    times += [t for _, t in experts]
-    reduce_s += sum(t for _, t in experts)
-    if (work.overlap or layout.zero == 3) and times:  # FSDP reduce-scatters each layer in its backward
+    dense_sizes, dense_times = _reduce_s(work, layout, g, algorithm)
+    expert_sizes, expert_times = _expert_reduce(work, layout, cluster, algorithm)
+    sizes, times = np.concatenate([dense_sizes, expert_sizes]), np.concatenate([dense_times, expert_times])
+    reduce_s = float(times.sum())
+    if (work.overlap or layout.zero == 3) and len(times):  # FSDP reduce-scatters each layer in its backward
         # bucket i starts once the last backward has produced it and bucket i-1 is done, so the last
         # ends at max over i of (bucket i's start + the times of buckets i..k)
-        ready = makespan - backward + backward * np.cumsum(sizes) / sum(sizes)
+        ready = makespan - backward + backward * np.cumsum(sizes) / sizes.sum()
         end = float(np.max(ready + np.cumsum(times[::-1])[::-1]))
         exposed = max(makespan, end) - makespan
     else:
@@ -617,8 +627,14 @@ def _zero_param_gather_s(
     if layout.zero not in (1, 2):
         return 0.0
     size = work.param_itemsize or work.itemsize
-    sizes = buckets(work.param_bytes, size, work.bucket_mb)
-    total = sum(collective_s("all_gather", algorithm, group, n, size) * sizes.count(n) for n in set(sizes))
+    total = float(
+        _bucket_times(
+            work.param_bytes,
+            size,
+            work.bucket_mb,
+            lambda n: collective_s("all_gather", algorithm, group, n, size),
+        )[1].sum()
+    )
     return max(0.0, total - hidden_behind_s) if work.overlap else total
 
 
