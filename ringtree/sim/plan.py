@@ -220,7 +220,8 @@ class StepWork:
     # combine exchanges in the forward and `ep_backward` in the backward, each of `ep_bytes` per rank
     # over the EP group of `ep` ranks `etp` apart (an all-to-all, or with `ep_dispatcher` "allgather"
     # an all-gather or reduce-scatter of that many output bytes); with ETP each also all-gathers or
-    # reduce-scatters `etp_bytes` over the ETP group; `ep_hidden_s` of compute per micro-batch can hide them
+    # reduce-scatters `etp_bytes` over the ETP group; with `ep_windows` (an MoE layer's attention and
+    # MLP compute, forward and backward) each exchange hides behind one of them, of another micro-batch
     ep: int = 1
     etp: int = 1
     ep_bytes: int = 0
@@ -228,7 +229,7 @@ class StepWork:
     ep_backward: int = 0
     etp_bytes: int = 0
     ep_dispatcher: str = "alltoall"
-    ep_hidden_s: float = 0.0
+    ep_windows: tuple[float, ...] = ()
     # this device's expert gradients (its experts' share), reduced over the expert-data-parallel group
     # of `expert_dp` ranks ep x etp apart (Megatron-Core's expert-DP group), in their own buckets
     expert_grad_bytes: int = 0
@@ -575,11 +576,15 @@ def _ep_exchange(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[floa
     if work.etp > 1:
         one += collective_s("all_gather", algorithm, tp_group(cluster, work.etp), work.etp_bytes, 2)
     forward, backward = work.ep_forward * one, work.ep_backward * one
-    hidden = work.ep_hidden_s
-    if not hidden:
+    if not work.ep_windows:
         return forward, backward
+    # DeepSeek-V3's pairing of a forward and a backward chunk (report, figure 4), which Megatron-Core's
+    # combined 1F1B follows: the forward's dispatch behind the other micro-batch's MLP backward, its
+    # combine behind the attention backward, the backward's behind the attention and MLP forward
+    layers = work.ep_forward // 2
+    hidden = layers * sum(min(one, window) for window in work.ep_windows)
     exposed = max(0.0, forward + backward - hidden)
-    share = forward / (forward + backward) if forward + backward else 0.0
+    share = forward / (forward + backward)
     return exposed * share, exposed * (1 - share)
 
 

@@ -32,17 +32,25 @@ def linears_s(model: Transformer, run: Training, gpu: GPU, moe_layer: bool = Fal
     columns or rows, or replicated: `Transformer.attention_matmuls`) and the MLP's, or under an MoE
     layer the router's and the experts' (ringtree.sim.moe); FP8 where the run's recipe pays."""
     tokens, t = run.micro_batch * model.seq // run.cp, run.tp
-    forward = backward = 0.0
-    for k, n, split in model.attention_matmuls():
-        shape = (n // t, k) if split == "col" else (n, k // t) if split == "row" else (n, k)
-        f, b = fp8.linear_s(tokens, *shape, gpu, run.dtype, run.fp8_recipe)
-        forward, backward = forward + f, backward + b
+    forward, backward = _attention_linears(model, run, gpu)
     if moe_layer:
         f, b = moe.mlp_s(model, run, gpu)
         return forward + f, backward + b
     f_ = model.ffn_hidden
     for n, k in (((model.gated - 1) * f_ // t, model.hidden), (model.hidden, f_ // t)):
         f, b = fp8.linear_s(tokens, n, k, gpu, run.dtype, run.fp8_recipe)
+        forward, backward = forward + f, backward + b
+    return forward, backward
+
+
+def _attention_linears(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float]:
+    """The attention's matmuls on one TP rank, forward and backward: split over TP by columns or rows,
+    or replicated (`Transformer.attention_matmuls`)."""
+    tokens, t = run.micro_batch * model.seq // run.cp, run.tp
+    forward = backward = 0.0
+    for k, n, split in model.attention_matmuls():
+        shape = (n // t, k) if split == "col" else (n, k // t) if split == "row" else (n, k)
+        f, b = fp8.linear_s(tokens, *shape, gpu, run.dtype, run.fp8_recipe)
         forward, backward = forward + f, backward + b
     return forward, backward
 
@@ -183,7 +191,7 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         ep_backward=2 * moe_k + ep_redo,
         etp_bytes=moe.etp_bytes(model, run),
         ep_dispatcher=run.moe_dispatcher,
-        ep_hidden_s=fs[k] + bs[k] if run.moe_overlap else 0.0,
+        ep_windows=_ep_windows(model, run, gpu) if run.moe_overlap and moe_k else (),
         expert_grad_bytes=int(experts) * run.grad_itemsize,
         expert_dp=expert_shards(run, dp),
     )
@@ -215,6 +223,24 @@ def _stage_times(
         keeping = (n - mo) * kept + mo * moe_kept
         bs.append(r / n * recomputed + (n - r) / n * keeping)
     return fs, bs
+
+
+def _ep_windows(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float, float, float]:
+    """An MoE layer's compute that `--moe-overlap` hides the exchanges behind: its attention (matmuls
+    and core) and its MLP (router, experts, shared experts), forward and backward."""
+    attention_f, attention_b = _attention_linears(model, run, gpu)
+    mlp_f, mlp_b = moe.mlp_s(model, run, gpu)
+    core = compute.attention_s(
+        model,
+        run.micro_batch,
+        run.tp,
+        run.cp,
+        gpu,
+        run.compute_dtype,
+        run.flash_attention,
+        run.attention_kernel,
+    )
+    return attention_f + core, mlp_f, attention_b + compute.FLASH_BACKWARD * core, mlp_b
 
 
 def _rank_params(model: Transformer, run: Training) -> float:
