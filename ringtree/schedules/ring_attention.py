@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FULL, CAUSAL, SKIP = "full", "causal", "skip"
+COMMS = ("p2p", "all-gather", "all-to-all")  # --cp-comm: the ring; one gather before attention; Ulysses
 
 
 def chunks_per_rank(balanced: bool) -> int:

@@ -35,8 +35,7 @@ from ringtree.parallel.context.gathered import gathered_attention, ulysses_atten
 from ringtree.parallel.context.layout import Layout
 from ringtree.parallel.context.ring import ring_attention
 from ringtree.parallel.tensor.sequence import gather_sequence
-
-COMMS = ("p2p", "all-gather", "all-to-all")
+from ringtree.schedules.ring_attention import COMMS
 
 
 class SDPA(nn.Module):
@@ -101,7 +100,7 @@ class ContextParallel:
     ) -> torch.Tensor:
         """This rank's queries [b, h, t/p, e] attending to the whole sequence (k, v [b, g, t/p, e])."""
         if self.size == 1:
-            return SDPA()(q, k, v, is_causal)
+            return SDPA().forward(q, k, v, is_causal)
         if self.ring is not None:
             return ring_attention(
                 q, k, v, self.ring, causal=is_causal, balanced=self.load_balance, timeout_s=self.timeout_s

@@ -54,7 +54,7 @@ class _AllToAll(torch.autograd.Function):
     """Equal-split all-to-all along dimension 0 ([p, ...]: slice j goes to rank j); its own backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         ctx.group = group
         x = x.contiguous()
         out = torch.empty_like(x)  # contiguous like x (empty_like keeps a permuted tensor's strides)
@@ -73,7 +73,7 @@ def _heads_to_sequence(x: torch.Tensor, p: int, group: dist.ProcessGroup | None)
     """[b, h, t/p, e] (all heads, own tokens) -> [b, h/p, t, e] (own heads, every rank's tokens)."""
     b, h, s, e = x.shape
     parts = x.reshape(b, p, h // p, s, e).permute(1, 0, 2, 3, 4)  # [p (to), b, h/p, s, e]
-    got = _AllToAll.apply(parts, group)  # [p (from), b, h/p, s, e]
+    got = _AllToAll.apply(parts, group)  # type: ignore[no-untyped-call]  # [p (from), b, h/p, s, e]
     return got.permute(1, 2, 0, 3, 4).reshape(b, h // p, p * s, e)  # type: ignore[no-any-return]
 
 
@@ -81,7 +81,7 @@ def _sequence_to_heads(x: torch.Tensor, p: int, group: dist.ProcessGroup | None)
     """The reverse: [b, h/p, t, e] -> [b, h, t/p, e]."""
     b, hp, t, e = x.shape
     parts = x.reshape(b, hp, p, t // p, e).permute(2, 0, 1, 3, 4)  # [p (to), b, h/p, s, e]
-    got = _AllToAll.apply(parts, group)  # [p (from: head group), b, h/p, s, e]
+    got = _AllToAll.apply(parts, group)  # type: ignore[no-untyped-call]  # [p (from: head group), b, h/p, s, e]
     return got.permute(1, 0, 2, 3, 4).reshape(b, p * hp, t // p, e)  # type: ignore[no-any-return]
 
 

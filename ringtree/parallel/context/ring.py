@@ -103,7 +103,7 @@ class RingAttention(torch.autograd.Function):
     """out = softmax(q k^T * scale [+ causal mask]) v over the whole sequence, held in shards."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan, timeout_s: float
     ) -> torch.Tensor:
         h, n = q.shape[1], len(plan.mine)
@@ -175,5 +175,7 @@ def ring_attention(
     timeout_s: float = 60.0,
 ) -> torch.Tensor:
     """Attention of this rank's queries [b, h, t/p, e] over the whole sequence's keys and values."""
-    out: torch.Tensor = RingAttention.apply(q, k, v, _Plan(ring, causal, balanced), timeout_s)
+    out: torch.Tensor = RingAttention.apply(  # type: ignore[no-untyped-call]
+        q, k, v, _Plan(ring, causal, balanced), timeout_s
+    )
     return out
