@@ -9,13 +9,17 @@ point-to-point shifts are counted. Tolerance: float32 with a different summation
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from typer.testing import CliRunner
 
+from ringtree.cli.app import app
 from ringtree.comm import p2p
 from ringtree.launch import spawn
 from ringtree.parallel import ContextParallel
@@ -108,3 +112,20 @@ def test_head_tail_layout_and_the_ring_schedule_as_data() -> None:
     expected = [(1, 1, CAUSAL), (1, 6, SKIP), (6, 1, FULL), (6, 6, CAUSAL)]
     assert [(b.q, b.k, b.kind) for b in first.blocks] == expected
     assert all(b.kind == FULL for s in ring_steps(3, causal=False) for r in s for b in r.blocks)
+
+
+def test_show_ring_attention_prints_the_ring_and_writes_json_and_png(tmp_path: Path) -> None:
+    out, png = tmp_path / "ring.json", tmp_path / "ring.png"
+    args = ["show", "ring-attention", "--ranks", "2", "--json", str(out), "--png", str(png)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "rank 1: 1,2" in result.output and "q0-k0 causal" in result.output
+    data = json.loads(out.read_text())
+    assert data["chunks"] == [[0, 3], [1, 2]] and data["work"] == [4.0, 4.0]
+    step1 = data["steps"][1]["ranks"][0]  # rank 0 holds rank 1's K/V (chunks 1, 2)
+    assert (step1["kv_from"], step1["kv_chunks"]) == (1, [1, 2])
+    assert [b["kind"] for b in step1["blocks"]] == ["skip", "skip", "full", "full"]
+    assert data["exchanges"]["p2p"] == {"forward": 1, "backward": 3}
+    assert png.stat().st_size > 10_000
+    refused = CliRunner().invoke(app, ["show", "ring-attention", "--stages", "2"])
+    assert refused.exit_code == 2 and "--stages does not apply to ring attention" in refused.output
