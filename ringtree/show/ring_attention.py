@@ -75,6 +75,7 @@ def plot_ring_attention(p: int, path: object, causal: bool = True, balanced: boo
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     steps = ring_steps(p, causal, balanced)
     n = p * (2 if balanced else 1)
@@ -83,7 +84,7 @@ def plot_ring_attention(p: int, path: object, causal: bool = True, balanced: boo
     for row in steps:
         for s in row:
             for b in s.computed:
-                left.add_patch(plt.Rectangle((b.k, b.q), 1, 1, color=colours(s.rank % 20), alpha=0.85))
+                left.add_patch(Rectangle((b.k, b.q), 1, 1, color=colours(s.rank % 20), alpha=0.85))
                 label = f"s{s.step}" + ("◣" if b.kind == CAUSAL else "")
                 left.text(b.k + 0.5, b.q + 0.5, label, ha="center", va="center", fontsize=7)
     left.set_xlim(0, n)
@@ -97,7 +98,7 @@ def plot_ring_attention(p: int, path: object, causal: bool = True, balanced: boo
     for r in range(p):
         for k in range(p):
             src = steps[k][r].source
-            right.add_patch(plt.Rectangle((k, r), 1, 1, color=colours(src % 20), alpha=0.6))
+            right.add_patch(Rectangle((k, r), 1, 1, color=colours(src % 20), alpha=0.6))
             kv = ",".join(map(str, chunks(src, p, balanced)))
             right.text(k + 0.5, r + 0.5, f"K/V {kv}", ha="center", va="center", fontsize=7)
     right.set_xlim(0, p)
