@@ -91,7 +91,7 @@ def _reference(data: TensorDataset, steps: int) -> float:
         loss = cross_entropy(net(x), y)
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _users(rank: int) -> dict[str, Any]:
@@ -106,6 +106,8 @@ def _users(rank: int) -> dict[str, Any]:
         torch.manual_seed(0)
         out[comm] = Trainer(_TinyLM(), data, cross_entropy, TrainConfig(cp=2, cp_comm=comm, **quiet)).fit()
     torch.manual_seed(0)
+    out["zero3"] = Trainer(_TinyLM(), data, cross_entropy, TrainConfig(cp=2, zero=3, **quiet)).fit()
+    torch.manual_seed(0)
     model = _TinyLM()
     cp = ContextParallel(None, "all-gather")
     assert cp.apply(model) == 1
@@ -117,12 +119,13 @@ def _users(rank: int) -> dict[str, Any]:
     return out
 
 
-def test_a_users_model_with_sdpa_trains_with_cp_to_the_one_process_loss() -> None:
+def test_a_users_model_with_sdpa_trains_with_cp_and_zero_to_the_one_process_loss() -> None:
     result = spawn(_users, 2, timeout_s=120)[0]
     for comm in ("p2p", "all-gather", "all-to-all"):
         run = result[comm]
         assert (run["cp"], run["dp"], run["steps"], run["cp_comm"]) == (2, 1, 4, comm)
         assert run["final_loss"] == pytest.approx(result["reference"], rel=1e-4), comm
+    assert result["zero3"]["final_loss"] == pytest.approx(result["reference"], rel=1e-4)  # over DP x CP
     assert torch.allclose(result["eval"], result["eval_ref"], atol=1e-5)
 
 

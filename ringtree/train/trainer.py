@@ -424,7 +424,7 @@ class _Run:
 
         def agree(ok: bool) -> bool:
             flag = torch.tensor([1.0 if ok else 0.0], device=self.device)
-            groups = [None] if pipeline_wide else [self.mesh.tp_group, self.mesh.dp_group]
+            groups = [None] if pipeline_wide else [self.mesh.tp_group, self.mesh.dp_cp_group]
             for group in groups:  # pipedream: stages step at different times, so only within a stage
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
             return bool(flag.item() == 1.0)
