@@ -25,15 +25,21 @@ TAGS = {"kv": 11, "dkv": 12}  # one tag per kind of message in flight at once
 class Shift:
     """One shift in flight: `wait()` returns the previous rank's tensor."""
 
-    def __init__(self, works: list[dist.Work], received: torch.Tensor, sent: torch.Tensor, what: str) -> None:
-        self._works, self.received, self._sent, self.what = works, received, sent, what
+    def __init__(self, works: list[dist.Work], buffers: list[torch.Tensor], what: str, ring: Ring) -> None:
+        self._works, self.what = works, what
+        self._sent, self.received = buffers  # the send buffer is kept alive until the send is done
+        self.next, self.prev = ring.next, ring.prev
 
     def wait(self, timeout_s: float = 60.0) -> torch.Tensor:
         for work in self._works:
             try:
                 work.wait(timedelta(seconds=timeout_s))
             except RuntimeError as e:
-                raise CollectiveError(f"ring shift of {self.what} did not complete: {e}") from e
+                raise CollectiveError(
+                    f"ring shift of {self.what} (to rank {self.next}, from rank {self.prev}) did not "
+                    f"complete within {timeout_s:g} s: {e}",
+                    peer=self.prev,
+                ) from e
         self._sent = self.received  # the send buffer may be reused from here on
         return self.received
 
@@ -45,11 +51,12 @@ class Ring:
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.next = (
-            dist.get_global_rank(group, (self.rank + 1) % self.size) if group else (self.rank + 1) % self.size
-        )
-        prev = (self.rank - 1) % self.size
-        self.prev = dist.get_global_rank(group, prev) if group else prev
+        self.next = self._global((self.rank + 1) % self.size)
+        self.prev = self._global((self.rank - 1) % self.size)
+
+    def _global(self, group_rank: int) -> int:
+        """The world rank of a rank of the group (point-to-point ops address world ranks)."""
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     def shift(self, tensor: torch.Tensor, what: str = "kv") -> Shift:
         """Start sending `tensor` to the next rank and receiving the previous rank's into a new buffer."""
@@ -61,4 +68,4 @@ class Ring:
             dist.P2POp(dist.irecv, received, self.prev, self.group, tag),
         ]
         counts[what] += 1
-        return Shift(dist.batch_isend_irecv(ops), received, sent, what)
+        return Shift(dist.batch_isend_irecv(ops), [sent, received], what, self)
