@@ -166,6 +166,7 @@ def test_cp_refusals_name_the_flag() -> None:
             "choose --cp dividing 4",
         ),
         (["--model", "gpt", "--cp-comm", "p2p"], "--cp-comm needs --cp 2 or more"),
+        (["--model", "gpt", "--cp", "2", "--cp-comm", "ring"], "unknown --cp-comm 'ring'; choose one of p2p"),
         (
             ["--model", "gpt", "--cp", "2", "--nproc", "3"],
             "--cp 2 = 2 ranks per replica does not divide the 3",

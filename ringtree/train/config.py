@@ -235,7 +235,7 @@ def _check_values(cfg: TrainConfig) -> None:
     if cfg.pp_balance is not None:
         _choice("pp_balance", cfg.pp_balance, BALANCES)
     if cfg.cp_comm is not None:
-        _choice("cp_comm", cfg.cp_comm, CP_COMMS)
+        _choice("--cp-comm", cfg.cp_comm, CP_COMMS)
     for name in ("max_restarts", "straggler_every"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{flag(name)} must be 0 or more, got {getattr(cfg, name)}")
