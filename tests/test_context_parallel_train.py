@@ -37,7 +37,9 @@ def _composed(rank: int) -> dict[str, Any]:
     quiet = {"epochs": 1, "progress": False, "straggler_every": 0, "lr": 1e-2}
     layouts = {
         "plain": TrainConfig(batch_size=1, **quiet),
-        "composed": TrainConfig(cp=2, tp=2, pp=2, micro_batches=2, batch_size=4, **quiet),
+        "composed": TrainConfig(
+            cp=2, tp=2, pp=2, sequence_parallel=True, micro_batches=2, batch_size=4, **quiet
+        ),
         "ulysses": TrainConfig(
             cp=2, tp=2, pp=2, cp_comm="all-to-all", micro_batches=2, batch_size=4, **quiet
         ),
@@ -52,7 +54,7 @@ def _composed(rank: int) -> dict[str, Any]:
 def test_gpt_cp_x_tp_x_pp_trains_as_plain_dp() -> None:
     result = spawn(_composed, 8, timeout_s=240)[0]
     plain = result["plain"]
-    for name in ("composed",):
+    for name in ("composed", "ulysses"):
         run = result[name]
         assert (run["cp"], run["tp"], run["pp"], run["dp"], plain["dp"], plain["cp"]) == (2, 2, 2, 1, 8, 1)
         assert run["steps"] == plain["steps"] == 2
