@@ -71,7 +71,21 @@ def _world(rank: int) -> dict[str, Any]:
     for i, (p, comm, causal, balanced) in enumerate(CASES):
         cp = ContextParallel(groups[p], comm, load_balance=balanced)
         out[str((p, comm, causal, balanced))] = _case(cp, causal, seed=i)
+    out["bf16"] = _bf16(ContextParallel(groups[2], "p2p"))
     return out
+
+
+def _bf16(cp: ContextParallel) -> dict[str, Any]:
+    """bf16 inputs under autocast: the ring computes and merges in fp32, returns bf16."""
+    g = torch.Generator().manual_seed(99)
+    q, k, v = (torch.randn(B, n, T, E, generator=g) for n in (H, G, G))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    mine = [cp.shard(t, dim=2).bfloat16().requires_grad_() for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = cp.attention(*mine, is_causal=True)
+    out.float().sum().backward()  # type: ignore[no-untyped-call]
+    grads = [str(t.grad.dtype) for t in mine if t.grad is not None]
+    return {"dtype": str(out.dtype), "err": _err(out.float(), cp.shard(ref, dim=2)), "grads": grads}
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +114,13 @@ def test_the_ring_shifts_kv_p_minus_1_times_forward_and_3p_minus_2_in_all(
             assert e["total kv"] + e["total dkv"] == 3 * p - 2 == sum(exchanges(p).values())
             assert e["total dkv"] == p  # dK/dV ride the ring once round: home after p shifts
         assert world[rank][str((p, "all-gather", True, True))]["total kv"] == 0
+
+
+def test_bf16_ring_attention_returns_bf16_close_to_fp32(world: list[dict[str, Any]]) -> None:
+    for rank in range(4):
+        got = world[rank]["bf16"]
+        assert got["dtype"] == "torch.bfloat16" and got["grads"] == ["torch.bfloat16"] * 3
+        assert got["err"] < 2e-2, got  # bf16's own rounding of inputs and output (8 bits of mantissa)
 
 
 def test_head_tail_layout_and_the_ring_schedule_as_data() -> None:

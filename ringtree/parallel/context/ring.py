@@ -99,69 +99,90 @@ class _Plan:
         return chunks(owner, self.ring.size, self.balanced).index(chunk)
 
 
+def _ring_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan, timeout_s: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [b, h, n c, e], lse [b, h, n c]) in fp32: the ring's p steps, each shift in flight
+    while the step's blocks compute."""
+    h, n = q.shape[1], len(plan.mine)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qs = q.float().chunk(n, dim=2)  # per own chunk: [b, h, c, e]
+    kv = torch.stack([k, v])  # [2, b, g, n c, e]: one message a step
+    outs: list[torch.Tensor | None] = [None] * n
+    lses: list[torch.Tensor | None] = [None] * n
+    for step in range(plan.ring.size):
+        shift = plan.ring.shift(kv, "kv") if step + 1 < plan.ring.size else None
+        source, blocks = plan.blocks(step)
+        ks, vs = (_repeat(t.float(), h).chunk(n, dim=2) for t in kv)
+        for blk in blocks:
+            i, j = plan.index(blk.q, plan.ring.rank), plan.index(blk.k, source)
+            o, lse = block_forward(qs[i], ks[j], vs[j], scale, blk.kind == CAUSAL)
+            outs[i], lses[i] = merge(outs[i], lses[i], o, lse)
+        if shift is not None:
+            kv = shift.wait(timeout_s)
+    assert all(o is not None for o in outs), "every query chunk sees at least its own keys"
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)  # type: ignore[arg-type]
+
+
+def _ring_backward(
+    saved: tuple[torch.Tensor, ...], grad: torch.Tensor, plan: _Plan, timeout_s: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in fp32: the ring again, dK/dV accumulators riding it with their K/V."""
+    q, k, v, out, lse = saved
+    h, g, n, p = q.shape[1], k.shape[1], len(plan.mine), plan.ring.size
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    do = grad.float()
+    delta = (do * out).sum(dim=-1)  # [b, h, n c]
+    qs, dos = q.float().chunk(n, dim=2), do.chunk(n, dim=2)
+    lses, deltas = lse.chunk(n, dim=2), delta.chunk(n, dim=2)
+    dq = [torch.zeros_like(t) for t in qs]
+    kv = torch.stack([k, v])
+    incoming = None  # the dK/dV accumulator of the block held, arriving from the previous rank
+    for step in range(p):
+        shift = plan.ring.shift(kv, "kv") if step + 1 < p else None
+        source, blocks = plan.blocks(step)
+        ks, vs = (_repeat(t.float(), h).chunk(n, dim=2) for t in kv)
+        dks, dvs = [torch.zeros_like(t) for t in ks], [torch.zeros_like(t) for t in vs]
+        for blk in blocks:
+            i, j = plan.index(blk.q, plan.ring.rank), plan.index(blk.k, source)
+            grads = (dos[i], lses[i], deltas[i])
+            a, b, c = block_backward(qs[i], ks[j], vs[j], grads, scale, blk.kind == CAUSAL)
+            dq[i] += a
+            dks[j] += b
+            dvs[j] += c
+        mine = torch.stack([_fold(torch.cat(dks, dim=2), g), _fold(torch.cat(dvs, dim=2), g)])
+        dkv = mine if incoming is None else incoming.wait(timeout_s) + mine
+        incoming = plan.ring.shift(dkv, "dkv")
+        if shift is not None:
+            kv = shift.wait(timeout_s)
+    assert incoming is not None
+    dk, dv = incoming.wait(timeout_s)  # this rank's own block, home after p shifts
+    return torch.cat(dq, dim=2), dk, dv
+
+
 class RingAttention(torch.autograd.Function):
-    """out = softmax(q k^T * scale [+ causal mask]) v over the whole sequence, held in shards."""
+    """out = softmax(q k^T * scale [+ causal mask]) v over the whole sequence, held in shards.
+
+    The arithmetic is fp32 whatever the inputs' dtype, autocast off (a bf16 log-sum-exp would lose
+    the merge); the outputs and gradients come back in the inputs' dtypes.
+    """
 
     @staticmethod
     def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan, timeout_s: float
     ) -> torch.Tensor:
-        h, n = q.shape[1], len(plan.mine)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        qs = q.float().chunk(n, dim=2)  # per own chunk: [b, h, c, e]
-        kv = torch.stack([k, v])  # [2, b, g, n c, e]: one message a step
-        outs: list[torch.Tensor | None] = [None] * n
-        lses: list[torch.Tensor | None] = [None] * n
-        for step in range(plan.ring.size):
-            shift = plan.ring.shift(kv, "kv") if step + 1 < plan.ring.size else None
-            source, blocks = plan.blocks(step)
-            ks, vs = (_repeat(t.float(), h).chunk(n, dim=2) for t in kv)
-            for blk in blocks:
-                i, j = plan.index(blk.q, plan.ring.rank), plan.index(blk.k, source)
-                o, lse = block_forward(qs[i], ks[j], vs[j], scale, blk.kind == CAUSAL)
-                outs[i], lses[i] = merge(outs[i], lses[i], o, lse)
-            if shift is not None:
-                kv = shift.wait(timeout_s)
-        assert all(o is not None for o in outs), "every query chunk sees at least its own keys"
-        out = torch.cat(outs, dim=2)  # type: ignore[arg-type]  # [b, h, n c, e] fp32
-        lse_all = torch.cat(lses, dim=2)  # type: ignore[arg-type]  # [b, h, n c]
-        ctx.save_for_backward(q, k, v, out, lse_all)
-        ctx.plan, ctx.scale, ctx.timeout_s = plan, scale, timeout_s
+        with torch.autocast(q.device.type, enabled=False):
+            out, lse = _ring_forward(q, k, v, plan, timeout_s)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.timeout_s = plan, timeout_s
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        plan, scale, timeout_s = ctx.plan, ctx.scale, ctx.timeout_s
-        h, g, n, p = q.shape[1], k.shape[1], len(plan.mine), plan.ring.size
-        do = grad.float()
-        delta = (do * out).sum(dim=-1)  # [b, h, n c]
-        qs, dos = q.float().chunk(n, dim=2), do.chunk(n, dim=2)
-        lses, deltas = lse.chunk(n, dim=2), delta.chunk(n, dim=2)
-        dq = [torch.zeros_like(t) for t in qs]
-        kv = torch.stack([k, v])
-        incoming = None  # the dK/dV accumulator of the block held, arriving from the previous rank
-        for step in range(p):
-            shift = plan.ring.shift(kv, "kv") if step + 1 < p else None
-            source, blocks = plan.blocks(step)
-            ks, vs = (_repeat(t.float(), h).chunk(n, dim=2) for t in kv)
-            dks, dvs = [torch.zeros_like(t) for t in ks], [torch.zeros_like(t) for t in vs]
-            for blk in blocks:
-                i, j = plan.index(blk.q, plan.ring.rank), plan.index(blk.k, source)
-                a, b, c = block_backward(
-                    qs[i], ks[j], vs[j], (dos[i], lses[i], deltas[i]), scale, blk.kind == CAUSAL
-                )
-                dq[i] += a
-                dks[j] += b
-                dvs[j] += c
-            mine = torch.stack([_fold(torch.cat(dks, dim=2), g), _fold(torch.cat(dvs, dim=2), g)])
-            dkv = mine if incoming is None else incoming.wait(timeout_s) + mine
-            incoming = plan.ring.shift(dkv, "dkv")
-            if shift is not None:
-                kv = shift.wait(timeout_s)
-        assert incoming is not None
-        dk, dv = incoming.wait(timeout_s)  # this rank's own block, home after p shifts
-        return torch.cat(dq, dim=2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        q, k, v = ctx.saved_tensors[:3]
+        with torch.autocast(q.device.type, enabled=False):
+            dq, dk, dv = _ring_backward(ctx.saved_tensors, grad, ctx.plan, ctx.timeout_s)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def ring_attention(
