@@ -85,6 +85,10 @@ def show(
                 png,
             )
         elif algorithm in A2A_SHOWS or (collective or "").replace("-", "_") == "all_to_all":
+            if collective is not None and collective.replace("-", "_") != "all_to_all":
+                raise ValueError(
+                    f"{algorithm} is an all-to-all algorithm, not {collective}; drop --collective"
+                )
             _refuse("an all-to-all", root=root, stages=stages, micro_batches=micro_batches,
                     virtual_stages=virtual_stages, animate=animate)  # fmt: skip
             _show_all_to_all(algorithm, ranks, nodes, nbytes, (link or "eth-10g", intra), json_path, png)
