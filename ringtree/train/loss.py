@@ -4,8 +4,7 @@ The same object serves the replica step and the pipeline's last stage (the runti
 the stage's output and the targets). Under context parallelism the outputs hold this rank's share
 of each sequence: the targets are sharded the same way, and a token-mean loss is weighted by this
 rank's share of the scored tokens, so that the mean over the CP ranks is the whole sequence's loss.
-Its running sums stay on the device; the trainer reads them
-once per log interval and at the end.
+Its running sums stay on the device; the trainer reads them once per log interval and at the end.
 """
 
 from __future__ import annotations
