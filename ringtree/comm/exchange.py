@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,8 +45,27 @@ class Layout:
     relay_count: int
 
 
-@lru_cache(maxsize=512)
+_derived: dict[tuple[int, str, int], tuple[Schedule, Any]] = {}
+
+
+def _cached(schedule: Schedule, what: str, rank: int, make: Any) -> Any:
+    """`make()` once per schedule object (schedules are cached, so repeated calls hit this): by
+    identity, since hashing a schedule walks all its steps."""
+    key = (id(schedule), what, rank)
+    have = _derived.get(key)
+    if have is None or have[0] is not schedule:
+        if len(_derived) > 1024:
+            _derived.clear()
+        have = _derived[key] = (schedule, make())
+    return have[1]
+
+
 def layout(schedule: Schedule, rank: int) -> Layout:
+    result: Layout = _cached(schedule, "layout", rank, lambda: _layout(schedule, rank))
+    return result
+
+
+def _layout(schedule: Schedule, rank: int) -> Layout:
     p, bounds = schedule.world_size, schedule.blocks
     row = bounds[rank * p]
     out_offsets = [0]
@@ -75,14 +94,13 @@ class Storage:
 
     def __init__(self, schedule: Schedule, rank: int, input: torch.Tensor, output: torch.Tensor) -> None:
         self.layout = layout(schedule, rank)
-        self.tensors = {
-            "in": input,
-            "out": output,
-            "relay": torch.empty(self.layout.relay_count, dtype=input.dtype, device=input.device),
-        }
+        self.tensors = {"in": input, "out": output}
 
     def view(self, op: Op) -> torch.Tensor:
         where, at = self.layout.places[op.start]
+        if where not in self.tensors:  # scratch for forwarded blocks, made when first needed
+            like = self.tensors["in"]
+            self.tensors[where] = torch.empty(self.layout.relay_count, dtype=like.dtype, device=like.device)
         return self.tensors[where][at : at + op.numel]
 
 
@@ -189,8 +207,12 @@ class _Published:
     sizes: list[int]
 
 
-@lru_cache(maxsize=256)
 def _published(schedule: Schedule) -> _Published:
+    result: _Published = _cached(schedule, "published", -1, lambda: _publish(schedule))
+    return result
+
+
+def _publish(schedule: Schedule) -> _Published:
     slots: list[dict[int, int]] = []
     sizes: list[int] = []
     for r in range(schedule.world_size):
@@ -206,9 +228,12 @@ def _published(schedule: Schedule) -> _Published:
     return _Published(slots, sizes)
 
 
-@lru_cache(maxsize=512)
 def _neighbours(schedule: Schedule, rank: int) -> tuple[int, ...]:
-    return tuple(sorted({op.peer for step in schedule.for_rank(rank) for op in step}))
+    steps = schedule.for_rank(rank)
+    result: tuple[int, ...] = _cached(
+        schedule, "neighbours", rank, lambda: tuple(sorted({op.peer for step in steps for op in step}))
+    )
+    return result
 
 
 def _shared(

@@ -1,5 +1,6 @@
-"""Data, tensor and pipeline parallelism: DDP, ZeRO, the master-rank DP, the mesh, parallel layers."""
+"""Data, tensor, pipeline and context parallelism: DDP, ZeRO, master-rank DP, the mesh, parallel layers."""
 
+from ringtree.parallel.context import SDPA, ContextParallel
 from ringtree.parallel.ddp import DistributedDataParallel, SyncStats
 from ringtree.parallel.dp import MasterDataParallel
 from ringtree.parallel.mesh import Mesh, MeshShape
@@ -13,7 +14,9 @@ from ringtree.parallel.tensor import (
 )
 
 __all__ = [
+    "SDPA",
     "ColumnParallelLinear",
+    "ContextParallel",
     "DistributedDataParallel",
     "MasterDataParallel",
     "Mesh",

@@ -22,6 +22,7 @@ METRIC_KEYS = (
     "dp",
     "tp",
     "pp",
+    "cp",  # context-parallel ranks each sequence is split over (the option's key too)
     "backend",
     "parameters",  # the whole model's, whatever its TP and PP shards
     "model_state_mb",  # parameters + gradients + optimizer states held by the fullest rank (MiB)
