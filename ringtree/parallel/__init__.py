@@ -1,6 +1,7 @@
-"""Data, tensor, pipeline and expert parallelism: DDP, ZeRO, the master-rank DP, the mesh, parallel
-layers, the mixture-of-experts layer and its expert parallelism."""
+"""Data, tensor, pipeline, context and expert parallelism: DDP, ZeRO, master-rank DP, the mesh,
+parallel layers, the mixture-of-experts layer and its expert parallelism."""
 
+from ringtree.parallel.context import SDPA, ContextParallel
 from ringtree.parallel.ddp import DistributedDataParallel, SyncStats
 from ringtree.parallel.dp import MasterDataParallel
 from ringtree.parallel.expert import ExpertParallel
@@ -16,7 +17,9 @@ from ringtree.parallel.tensor import (
 )
 
 __all__ = [
+    "SDPA",
     "ColumnParallelLinear",
+    "ContextParallel",
     "DistributedDataParallel",
     "ExpertParallel",
     "MasterDataParallel",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
+from ringtree.schedules.ring_attention import COMMS as CP_COMMS
 
 # Nothing here imports torch at module level: the CLI derives its options from this module, and
 # `ringtree plan` must start without loading torch.
@@ -49,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "distill_alpha": 0.5,
     "keep_checkpoints": 2,  # the newest and one before it: a truncated newest still resumes
     "threads": 2,  # CPU copies without GPUs: enough to show device 0's extra load
+    "cp_comm": "p2p",  # the ring: K/V move during attention, overlapping it (Megatron's default too)
     # --model moe (ringtree/train/moe.py): DeepSeek-V3 and torchtitan's choices at a small scale
     "experts": 8,
     "top_k": 2,
@@ -89,6 +91,7 @@ def _library_words(cli: str) -> str:
     becomes its field (with `=value` when a value follows it); other flags (--nproc) stay."""
     names = {flag(f.name): f.name for f in fields(TrainConfig)}
     values = {*MODELS, *MODES, *SCHEDULES, *DEVICES, *COMPRESSIONS, *BALANCES, *MASTER_ALGORITHMS, *DATASETS}
+    values |= set(CP_COMMS)
     values |= {"off", "bf16", "fp16", "double_tree", "halving_doubling", "hierarchical"}
     values |= {"softmax", "sigmoid", "auto", "pairwise", "bruck", "linear"}
 
@@ -183,6 +186,10 @@ class TrainConfig:
         None, "Model chunks per pipeline stage (needs --schedule interleaved) [2]."
     )
     pp_balance: str | None = _opt(None, "Cut stages by params or profiled time (needs --pp) [params].")
+    cp: int = _opt(1, "Context-parallel ranks per sequence (head-tail chunks, attention over all); 1: none.")
+    cp_comm: str | None = _opt(
+        None, "p2p (ring attention), all-gather (K/V before attention) or all-to-all (Ulysses) [p2p]."
+    )
     checkpoint_activations: bool = _opt(False, "Recompute activations in backward (less memory).")
     checkpoint_segments: int = _opt(0, "Checkpointed segments; 0: about sqrt(blocks).")
     amp: str = _opt("off", "Mixed precision: off, bf16 (autocast) or fp16 (CUDA, loss scaling).")
@@ -268,12 +275,14 @@ def _check_values(cfg: TrainConfig) -> None:
         _choice("pipeline schedule", cfg.schedule, tuple(SCHEDULES))
     if cfg.pp_balance is not None:
         _choice("pp_balance", cfg.pp_balance, BALANCES)
+    if cfg.cp_comm is not None:
+        _choice("--cp-comm", cfg.cp_comm, CP_COMMS)
     for name in ("max_restarts", "straggler_every"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{flag(name)} must be 0 or more, got {getattr(cfg, name)}")
     if cfg.keep_checkpoints is not None and cfg.keep_checkpoints < 1:
         raise ValueError(f"--keep-checkpoints must be at least 1, got {cfg.keep_checkpoints}")
-    for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
+    for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "cp", "log_every"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
     for name in ("micro_batches", "virtual_stages"):
@@ -305,6 +314,7 @@ _NEEDS = (
     ("virtual_stages", "interleaved", "--virtual-stages needs --schedule interleaved; drop it or add that"),
     ("distill_temperature", "teacher", "--distill-temperature needs --teacher; drop it or add --teacher"),
     ("distill_alpha", "teacher", "--distill-alpha needs --teacher; drop it or add --teacher"),
+    ("cp_comm", "cp", "--cp-comm needs --cp 2 or more; drop it or add --cp"),
 )
 
 
@@ -385,6 +395,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
         "pp": cfg.pp > 1,
         "teacher": cfg.teacher is not None,
         "interleaved": cfg.schedule == "interleaved",
+        "cp": cfg.cp > 1,
     }
     for name, needs, message in _NEEDS:
         neutral = name == "micro_batches" and cfg.micro_batches == 1  # one micro-batch: no pipeline
@@ -456,10 +467,10 @@ def _check_master_mode(cfg: TrainConfig) -> None:
             f"{', '.join(given)}: options of DDP's buckets, which --mode dp does not have; "
             "drop them or use --mode ddp"
         )
-    if cfg.tp > 1 or cfg.pp > 1:
+    if cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1:
         raise ValueError(
             "--mode dp steps the whole model on rank 0, so it cannot hold a tensor- or pipeline-parallel "
-            "shard; use --mode ddp with --tp/--pp"
+            "shard or a context-parallel share of the sequence; use --mode ddp with --tp/--pp/--cp"
         )
     if cfg.amp == "fp16":
         raise ValueError(
@@ -511,6 +522,7 @@ def _check_thread_mode(cfg: TrainConfig) -> None:
             ("--algorithm", None if cfg.algorithm == "ring" else cfg.algorithm),  # autograd sums the replicas
             ("--tp", cfg.tp > 1 or None),
             ("--pp", cfg.pp > 1 or None),
+            ("--cp", cfg.cp > 1 or None),
             ("--accumulate", cfg.accumulate > 1 or None),
             ("--teacher", cfg.teacher),
             ("--amp", cfg.amp != "off" or None),
@@ -579,12 +591,18 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
             f"--mode {cfg.mode} is one process driving every device with threads; use --nproc 1 "
             f"(not {world_size}) and --threads N for the devices"
         )
+    if cfg.cp > 1 and world_size % (cfg.tp * cfg.pp * cfg.cp):
+        n = cfg.tp * cfg.pp * cfg.cp
+        raise ValueError(
+            f"--tp {cfg.tp} x --pp {cfg.pp} x --cp {cfg.cp} = {n} ranks per replica does not divide the "
+            f"{world_size} ranks; choose --nproc a multiple of {n}"
+        )
     if world_size % (cfg.tp * cfg.pp):
         raise ValueError(
             f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} ranks per replica does not divide the "
             f"{world_size} ranks; choose --nproc a multiple of {cfg.tp * cfg.pp}"
         )
-    data = world_size // (cfg.tp * cfg.pp) * getattr(cfg, "cp", 1)  # the ranks EP borrows: DP x CP
+    data = world_size // (cfg.tp * cfg.pp)  # the ranks EP borrows: DP x CP
     if data % cfg.ep:
         raise ValueError(
             f"--ep {cfg.ep} must divide the {data} data-parallel ranks it borrows (--nproc {world_size} / "
@@ -630,6 +648,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped |= {"checkpoint_every", "resume", "keep_checkpoints"}
     if cfg.tp == 1:
         dropped |= {"tp_plan", "sequence_parallel"}
+    if cfg.cp == 1:
+        dropped.add("cp_comm")
     if cfg.model != "moe":
         dropped |= set(MOE_OPTIONS)
     elif cfg.capacity_factor is None:

@@ -22,6 +22,7 @@ METRIC_KEYS = (
     "dp",
     "tp",
     "pp",
+    "cp",  # context-parallel ranks each sequence is split over (the option's key too)
     "ep",  # expert-parallel ranks (1: every rank holds every expert)
     "backend",
     "parameters",  # the whole model's, whatever its TP and PP shards

@@ -47,6 +47,7 @@ from ringtree.train.parallelize import (
     DataParallel,
     Pipeline,
     check,
+    check_sequence,
     parallelize,
     virtual_stages,
 )
@@ -103,6 +104,7 @@ class Trainer:
             "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
         }
         check(self.net, self.cfg)
+        check_sequence(train_dataset, self.cfg)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, trace: bool = False) -> Trainer:
@@ -137,7 +139,7 @@ class Trainer:
 def preflight(cfg: TrainConfig) -> None:
     """Load what the config names (a user's factories too) and check the model fits the layout:
     ValueError here, in the launching process, instead of a traceback from every worker."""
-    make_datasets(cfg.dataset)
+    check_sequence(make_datasets(cfg.dataset)[0], cfg)
     make_loss(cfg.loss)
     check(make_model(cfg.model, cfg), cfg)
     if cfg.teacher is not None:
@@ -189,7 +191,7 @@ class _Run:
         check_world(cfg, dist.get_world_size())
         self.rank = dist.get_rank()
         self.device = _device(cfg)
-        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp)
+        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
         self.amp = MixedPrecision(cfg.amp, self.device.type)
@@ -258,6 +260,7 @@ class _Run:
         per_epoch = self._steps_per_epoch(loader) if sized else None
         total = None if per_epoch is None else cfg.get("epochs") * per_epoch
         description = f"{self.t.names['model']}, dp {self.mesh.dp} x tp {cfg.tp} x pp {cfg.pp}"
+        description += f" x cp {cfg.cp}" if cfg.cp > 1 else ""
         first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
         board = interrupt.publisher() if self.rank == 0 else None  # where Ctrl-C finds the step
         if board is not None:
@@ -426,7 +429,7 @@ class _Run:
 
         def agree(ok: bool) -> bool:
             flag = torch.tensor([1.0 if ok else 0.0], device=self.device)
-            groups = [None] if pipeline_wide else [self.mesh.tp_group, self.mesh.dp_group]
+            groups = [None] if pipeline_wide else [self.mesh.tp_group, self.mesh.dp_cp_group]
             for group in groups:  # pipedream: stages step at different times, so only within a stage
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
             return bool(flag.item() == 1.0)
@@ -604,6 +607,7 @@ class _Run:
             "dp": mesh.dp,
             "tp": mesh.tp,
             "pp": mesh.pp,
+            "cp": mesh.cp,
             "ep": cfg.ep,
             "backend": dist.get_backend(),
             "parameters": self.parameters,
