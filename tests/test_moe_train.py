@@ -1,4 +1,5 @@
-"""--model moe in the trainer: MoE x EP x ZeRO x TP x PP trains to the losses of one process."""
+"""--model moe in the trainer: MoE x EP x ZeRO x TP x PP, and MoE x CP x EP (EP over DP x CP), train
+to the losses of one process."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def test_moe_with_ep_zero_tp_and_pp_trains_to_the_losses_of_one_process(ep: int)
         assert every[key] == pytest.approx(plain[key], rel=1e-4), key
     assert every["experts"] == 8 and every["top_k"] == 2 and every["tokens_dropped"] == 0.0
     assert every["a2a_time_s"] > 0.0 and plain["a2a_time_s"] == 0.0
+    context = spawn(_train, 4, ({"cp": 2, "ep": 4, "batch_size": 32},), timeout_s=240)[0]
+    assert (context["dp"], context["cp"], context["ep"]) == (2, 2, 4)  # EP folded over DP x CP
+    for key in ("train_loss", "final_loss", "test_loss"):
+        assert context[key] == pytest.approx(plain[key], rel=1e-4), key
 
 
 def test_every_moe_option_trains_in_a_world_of_one() -> None:
