@@ -119,11 +119,12 @@ def test_the_verifier_catches_broken_all_to_all_schedules() -> None:
         dry_run(rebuilt([[list(st) for st in r] for r in short]))
 
 
-def test_auto_takes_bruck_for_tiny_blocks_and_linear_otherwise() -> None:
-    assert alltoall.choose(16, 64, shared_memory=False) == "bruck"
-    assert alltoall.choose(16, 1 << 20, shared_memory=False) == "linear"
-    assert alltoall.choose(16, 64, shared_memory=True) == "linear"
-    assert alltoall.cost_s("bruck", 8, 0) < alltoall.cost_s("pairwise", 8, 0)
+def test_auto_takes_bruck_for_tiny_blocks_on_many_ranks_and_linear_otherwise() -> None:
+    assert alltoall.choose(64, 64, shared_memory=False) == "bruck"
+    assert alltoall.choose(64, 1 << 20, shared_memory=False) == "linear"
+    assert alltoall.choose(8, 64, shared_memory=False) == "linear"  # too few ranks to gain
+    assert alltoall.choose(64, 64, shared_memory=True) == "linear"
+    assert alltoall.cost_s("bruck", 8, 64) < alltoall.cost_s("pairwise", 8, 64)  # fewer rounds
     assert comm.algorithms("all_to_all") == ["native", "pairwise", "bruck", "linear", "hierarchical"]
 
 

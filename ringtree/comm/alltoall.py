@@ -38,37 +38,42 @@ from ringtree.topology import Topology
 AUTO = "auto"
 COLLECTIVE = "all_to_all"
 
-# The alpha-beta constants of the "auto" rule over point-to-point (gloo over TCP, NCCL): a
-# message's fixed cost and the time per byte. Over shared memory auto is always "linear".
-ALPHA_S = 50e-6
+# The constants of the "auto" rule over point-to-point (gloo over TCP, NCCL): a round's latency
+# (paid once by the messages posted together), each message's own overhead (serialised at the
+# sender, as LogP's o) and the time per byte. Over shared memory auto is always "linear".
+ALPHA_S = 20e-6
+OVERHEAD_S = 5e-6
 BETA_S_PER_BYTE = 1 / 5e9
 
 
-def cost_s(
-    algorithm: str, p: int, block_bytes: float, alpha: float = ALPHA_S, beta: float = BETA_S_PER_BYTE
-) -> float:
-    """Alpha-beta time of one all-to-all of `block_bytes` per pair (one port per rank).
+def cost_s(algorithm: str, p: int, block_bytes: float) -> float:
+    """Time of one all-to-all of `block_bytes` per pair, α a round's latency, o a message's
+    overhead, β per byte, one port per rank:
 
-    pairwise and linear: (p-1)·α + (p-1)·m·β (p-1 messages of m each); bruck: ⌈lg p⌉ steps of
-    one message carrying the blocks whose distance has that bit, about p/2 blocks:
-    ⌈lg p⌉·α + ⌈lg p⌉·⌈p/2⌉·m·β; hierarchical on one node is linear.
+    linear:   α + (p-1)·(o + m·β)                  every message posted at once, one round
+    pairwise: (p-1)·(α + o + m·β)                  p-1 rounds of one message
+    bruck:    ⌈lg p⌉·(α + o + ⌈p/2⌉·m·β)           ⌈lg p⌉ rounds of one message of about p/2 blocks
+    (hierarchical on one node is linear).
     """
     if p <= 1:
         return 0.0
-    lg = math.ceil(math.log2(p))
+    m = block_bytes * BETA_S_PER_BYTE
     if algorithm == "bruck":
-        return lg * alpha + lg * ((p + 1) // 2) * block_bytes * beta
-    return (p - 1) * (alpha + block_bytes * beta)
+        return math.ceil(math.log2(p)) * (ALPHA_S + OVERHEAD_S + (p + 1) // 2 * m)
+    if algorithm == "pairwise":
+        return (p - 1) * (ALPHA_S + OVERHEAD_S + m)
+    return ALPHA_S + (p - 1) * (OVERHEAD_S + m)
 
 
 def choose(p: int, block_bytes: float, shared_memory: bool) -> str:
     """The "auto" rule: over shared memory "linear" (one barrier; every byte copied twice, the
-    least any algorithm does); elsewhere "bruck" where its alpha-beta cost is below pairwise's
-    (small blocks, many ranks: MPICH's choice below a few hundred bytes per peer), else "linear"
-    (every message posted at once: the same cost as pairwise in the model, fewer rounds)."""
+    least any algorithm does); elsewhere "bruck" where its cost (`cost_s`) is below linear's
+    (tiny blocks on many ranks: with these constants below 5-7 KB per block on 32 ranks or more,
+    never on 16 or fewer; MPICH switches below 256 bytes), else "linear" (pairwise never costs
+    less in this model)."""
     if shared_memory or p <= 2:
         return "linear"
-    return "bruck" if cost_s("bruck", p, block_bytes) < cost_s("pairwise", p, block_bytes) else "linear"
+    return "bruck" if cost_s("bruck", p, block_bytes) < cost_s("linear", p, block_bytes) else "linear"
 
 
 def all_to_all_single(
