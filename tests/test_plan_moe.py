@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim import fp8
+from ringtree.sim import compute, fp8
 from ringtree.sim.alltoall import alltoall_seconds
-from ringtree.sim.clusters import B200, H100, get
+from ringtree.sim.clusters import B200, GB200, H100, get
 from ringtree.sim.layout import Training
 from ringtree.sim.memory import GiB, stages
 from ringtree.sim.plan import ep_group
@@ -263,3 +263,11 @@ def test_fp8_speedups_meet_the_llama3_8b_anchors() -> None:
         fp8_run = dataclasses.replace(run, dtype="fp8", fp8_recipe=recipe)
         speedup = bf16 / plan(model, fp8_run, cluster.cluster(1), cluster.gpu).step_s
         assert speedup == pytest.approx(published, rel=0.10), recipe
+
+
+def test_gb200_matmuls_run_at_the_published_dense_ratio_to_b200() -> None:
+    """A large GEMM on a GB200 runs about 1.04 times as fast as on a B200 (Megatron-Bridge's dense
+    Llama 3 8B on both, the same layout), not at the peaks' 2.5 / 2.25."""
+    b200, gb200 = (compute.gemm_s(8192, 8192, 8192, g, "bf16") for g in (B200, GB200))
+    assert b200 / gb200 == pytest.approx((1614 / 1544 + 1622 / 1576) / 2, rel=0.01)
+    assert b200 / gb200 < 2500 / 2250
