@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim import fp8
+from ringtree.sim import compute, fp8
 from ringtree.sim.alltoall import alltoall_seconds
-from ringtree.sim.clusters import B200, H100, get
+from ringtree.sim.clusters import B200, GB200, H100, get
 from ringtree.sim.layout import Training
 from ringtree.sim.memory import GiB, stages
 from ringtree.sim.plan import ep_group
@@ -263,3 +263,23 @@ def test_fp8_speedups_meet_the_llama3_8b_anchors() -> None:
         fp8_run = dataclasses.replace(run, dtype="fp8", fp8_recipe=recipe)
         speedup = bf16 / plan(model, fp8_run, cluster.cluster(1), cluster.gpu).step_s
         assert speedup == pytest.approx(published, rel=0.10), recipe
+
+
+def test_gb200_matmuls_run_at_the_published_dense_ratio_to_b200() -> None:
+    """A large GEMM on a GB200 runs about 1.04 times as fast as on a B200 (Megatron-Bridge's dense
+    Llama 3 8B on both, the same layout), not at the peaks' 2.5 / 2.25."""
+    b200, gb200 = (compute.gemm_s(8192, 8192, 8192, g, "bf16") for g in (B200, GB200))
+    assert b200 / gb200 == pytest.approx((1614 / 1544 + 1622 / 1576) / 2, rel=0.01)
+    assert b200 / gb200 < 2500 / 2250
+
+
+def test_gpt_oss_fits_a_b200_with_megatron_bridges_bf16_gradients(tmp_path: Path) -> None:
+    """gpt-oss-120b at EP 8 on 64 B200s (Megatron-Bridge's layout): with the recipe's BF16 gradient
+    buffers its 14.3B expert parameters per GPU fit in 180 GiB; with FP32 ones they would not."""
+    args = ["--model", "gpt-oss-120b", "--global-batch", "1280", "--micro-batch", "4", "--seq", "4096",
+            "--tp", "1", "--pp", "1", "--ep", "8", "--gpus", "64", "--cluster", "dgx-b200", "--dtype", "bf16",
+            "--recompute", "selective", "--zero", "1", "--overlap"]  # fmt: skip
+    code, _, bf16 = _plan(tmp_path, *args, "--grad-dtype", "bf16")
+    assert code == 0 and bf16["memory"]["fits"]  # type: ignore[index]
+    code, _, fp32 = _plan(tmp_path, *args)
+    assert code == 0 and not fp32["memory"]["fits"]  # type: ignore[index]

@@ -95,14 +95,18 @@ B200 = GPU(
 )
 # GB200 NVL72, per GPU: 2.5 PFLOPS dense BF16 (the datasheet's 360 PFLOPS FP16/BF16 with sparsity
 # for 72 GPUs, halved), 186 GB of HBM3e at 8 TB/s (13.4 TB and 576 TB/s for the rack, / 72), FP32 80
-# (5,760 TFLOPS for the rack); the B200's SMs and matmul share
+# (5,760 TFLOPS for the rack); the B200's SMs. Its matmul share: the same die as the B200 at a higher
+# power limit reaches GB200_OVER_B200 times the B200's best matmul (1,745 TFLOP/s), not the peaks'
+# 2.5 / 2.25: Megatron-Bridge's dense Llama 3 8B (FP8-CS, the same layout on 8 GPUs) runs at 1,614
+# against 1,544 model TFLOP/s per GPU (25.09) and 1,622 against 1,576 (25.11), GB200 against B200
+GB200_OVER_B200 = (1614 / 1544 + 1622 / 1576) / 2
 GB200 = GPU(
     "gb200-186gb",
     {"fp32": 80, "tf32": 1250, "fp16": 2500, "bf16": 2500, "fp8": 5000},
     186,
     8000,
     148,
-    0.776,
+    1745.0 * GB200_OVER_B200 / 2500,
     _FA2_ON_HOPPER,
     "blackwell",
 )
