@@ -42,8 +42,10 @@ def plot_bench(rows: list[dict[str, Any]], path: Path, env: dict[str, Any]) -> N
     _save(fig, path)
 
 
-def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: str) -> None:
-    """Predicted all-reduce time against size or ranks, one line per algorithm (log-log)."""
+def plot_sim_sweep(
+    rows: list[dict[str, Any]], x_key: str, path: Path, title: str, collective: str = "all-reduce"
+) -> None:
+    """Predicted collective time against size or ranks, one line per algorithm (log-log)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,7 +60,7 @@ def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: st
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("size (bytes)" if x_key == "bytes" else "ranks")
-    ax.set_ylabel("all-reduce time (s)")
+    ax.set_ylabel(f"{collective} time (s)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title(title, fontsize=9)

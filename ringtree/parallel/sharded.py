@@ -39,7 +39,7 @@ from ringtree.comm import CollectiveError
 from ringtree.parallel.buckets import MB, assign
 from ringtree.parallel.ddp import SyncStats, SyncSwitch, _union
 from ringtree.parallel.launcher import Span
-from ringtree.parallel.replicas import broadcast_state
+from ringtree.parallel.replicas import broadcast_state, replicated
 from ringtree.parallel.shards import FlatBucket, flatten
 
 ZERO_STAGES = (1, 2, 3)
@@ -86,7 +86,7 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
         src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         spread = "native" if algorithm == "native" else "tree"
         broadcast_state(module, process_group, spread, timeout_s, src=src)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and replicated(p)]
         self.buckets = [
             flatten(j, [named[k] for k in members], self.world_size, self.rank, separate=zero == 3)
             for j, members in enumerate(assign(named, int(bucket_cap_mb * MB)))
