@@ -128,6 +128,15 @@ def test_auto_takes_bruck_for_tiny_blocks_on_many_ranks_and_linear_otherwise() -
     assert comm.algorithms("all_to_all") == ["native", "pairwise", "bruck", "linear", "hierarchical"]
 
 
+def test_a_known_split_matrix_must_match_the_rank_s_own_sizes() -> None:
+    matrix = [[1, 2], [3, 4]]
+    assert alltoall._known(matrix, 1, (3, 4), (2, 4)) == [(1, 2), (3, 4)]
+    with pytest.raises(ValueError, match="row 1 \\[3, 4\\] and column 1 \\[2, 4\\]"):
+        alltoall._known(matrix, 1, (3, 4), (2, 5))
+    with pytest.raises(ValueError, match="2 rows of 2 sizes"):
+        alltoall._known([[1, 2]], 0, (1, 2), (1, 2))
+
+
 def checks(rank: int, transport: str) -> list[str]:
     os.environ["RINGTREE_TRANSPORT"] = transport
     return against_torch(rank) + gradients_against_torch(rank)

@@ -87,8 +87,13 @@ def all_to_all_single(
     topology: Topology | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     validate: bool = True,
+    split_matrix: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """Scatter `input`'s dim-0 blocks to the ranks and gather theirs into `output`; returns output.
+
+    split_matrix: every rank's input_split_sizes (row i: what rank i sends each rank), where
+    every rank already knows them (MoE, after exchanging its token counts): the schedules then
+    need no size exchange; with validate=False nothing is exchanged at all.
 
     validate=True checks, in the same small all-gather that shares the split sizes, that every
     rank called all_to_all with the same dtype, row shape and algorithm, and that what rank i
@@ -103,11 +108,14 @@ def all_to_all_single(
     sends = _rows(input, input_split_sizes, p, "input")
     receives = _rows(output, output_split_sizes, p, "output")
     explicit = input_split_sizes is not None or output_split_sizes is not None
+    known = None if split_matrix is None else _known(split_matrix, call.rank, sends, receives)
     with call:
-        if validate or (explicit and algorithm != NATIVE):
+        if validate or (explicit and known is None and algorithm != NATIVE):
             table = _exchange(call, valid, row, sends, receives)
+        elif known is not None:
+            table = [list(r) for r in known]
         else:
-            table = [[input.shape[0] // p] * p + [output.shape[0] // p] * p for _ in range(p)]
+            table = [[input.shape[0] // p] * p for _ in range(p)]
         matrix = tuple(table[i][j] * row for i in range(p) for j in range(p))
         if algorithm == AUTO:
             pg = group if group is not None else dist.distributed_c10d._get_default_group()
@@ -183,6 +191,23 @@ def _rows(tensor: torch.Tensor, sizes: Sequence[int] | None, p: int, name: str) 
             f"that add up to the {n} rows of {name}"
         )
     return sizes
+
+
+def _known(
+    split_matrix: Sequence[Sequence[int]], rank: int, sends: tuple[int, ...], receives: tuple[int, ...]
+) -> list[tuple[int, ...]]:
+    """The split matrix checked against this rank's own sizes (its row and its column)."""
+    p = len(sends)
+    known = [tuple(int(v) for v in r) for r in split_matrix]
+    if len(known) != p or any(len(r) != p for r in known):
+        raise ValueError(f"all_to_all: split_matrix must be {p} rows of {p} sizes, one row per rank")
+    if known[rank] != sends or tuple(r[rank] for r in known) != receives:
+        raise ValueError(
+            f"all_to_all: split_matrix row {rank} {list(known[rank])} and column {rank} "
+            f"{[r[rank] for r in known]} must be this rank's input and output split sizes "
+            f"{list(sends)} and {list(receives)}"
+        )
+    return known
 
 
 def _exchange(
