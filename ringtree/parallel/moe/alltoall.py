@@ -11,7 +11,6 @@ spent and the calls made per step (`a2a_time_s`; the tests count the exchanges).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -61,50 +60,12 @@ def all_to_all_single(
     start = time.perf_counter()
     if algorithm == "native":
         dist.all_to_all_single(output, input, output_splits, input_splits, group=group)
-    elif matrix is not None:
-        _known_splits(output, input, matrix, algorithm, group)
     else:  # the splits agree by construction (the counts exchange): no validating all-gather
-        comm.all_to_all_single(output, input, output_splits, input_splits, algorithm, group, validate=False)
+        comm.all_to_all_single(
+            output, input, output_splits, input_splits, algorithm, group, validate=False, split_matrix=matrix
+        )
     CLOCK.seconds += time.perf_counter() - start
     CLOCK.calls += 1
-
-
-def _known_splits(
-    output: torch.Tensor, input: torch.Tensor, matrix: Matrix, algorithm: str, group: dist.ProcessGroup | None
-) -> None:
-    """ringtree.comm.all_to_all_single's schedule run on a split matrix every rank already holds
-    (what its own size all-gather would have built): the same schedules and transports."""
-    from ringtree import schedules
-    from ringtree.comm import alltoall, shm
-    from ringtree.comm import exchange as executor
-    from ringtree.comm.collectives import _Call
-
-    valid = [*comm.algorithms(alltoall.COLLECTIVE), alltoall.AUTO]
-    call = _Call(
-        alltoall.COLLECTIVE, algorithm, input, "sum", group, None, comm.DEFAULT_TIMEOUT_S, valid=valid
-    )
-    p, row = call.world_size, math.prod(input.shape[1:])
-    blocks = tuple(matrix[i][j] * row for i in range(p) for j in range(p))
-    with call:
-        if algorithm == alltoall.AUTO:
-            pg = group if group is not None else dist.distributed_c10d._get_default_group()
-            mean = sum(blocks) * input.element_size() / (p * p)
-            algorithm = alltoall.choose(p, mean, p > 1 and shm.usable(input.device, pg, call.timeout))
-            call.algorithm = algorithm
-        request = schedules.Request(
-            alltoall.COLLECTIVE, algorithm, call.topology, sum(blocks), input.element_size(), 0, blocks
-        )
-        with alltoall._Flat(output) as flat_out:
-            executor.execute(
-                input.contiguous().view(-1),
-                flat_out,
-                schedules.build(request),
-                call.rank,
-                peers=call.peers,
-                group=group,
-                timeout=call.timeout,
-                what=f"ringtree all_to_all(algorithm={algorithm!r}, MoE dispatch)",
-            )
 
 
 def exchange_counts(counts: torch.Tensor, algorithm: str, group: dist.ProcessGroup | None) -> torch.Tensor:
