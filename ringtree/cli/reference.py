@@ -4,6 +4,8 @@ DIR/commands.md and DIR/json.md; a test fails when the committed pages differ fr
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
 import types
 import typing
@@ -80,10 +82,52 @@ def _cell(help_text: str | None) -> str:
     return _text(help_text).replace("|", "\\|")
 
 
+MODULES = ("ringtree", "ringtree.comm", "ringtree.parallel", "ringtree.train")
+ENVIRONMENT = {
+    "RINGTREE_TRANSPORT": "`shm` (the default): ranks of one host exchange through shared memory; "
+    "`p2p`: always gloo's point-to-point",
+    "RINGTREE_PIN_RANKS": "`1` (the default): where a host's ranks are a multiple of its cores, pin "
+    "rank i to core i mod n while a DDP lives; `0`: never",
+    "RINGTREE_MAILBOX_SPIN_US": "how long a pipeline stage waiting for a message polls before it sleeps, in "
+    "microseconds (default 500; `0`: never)",
+}
+
+
+def python_markdown() -> str:
+    """The public names of each module (its `__all__`), each with its signature and first docstring line,
+    and the environment variables ringtree reads."""
+    lines = ["# Python API and environment", "", HEADER]
+    for name in MODULES:
+        module = importlib.import_module(name)
+        lines += ["", f"## `{name}`", "", _text(module.__doc__).split(". ")[0].rstrip(".") + ".", ""]
+        for public in sorted(n for n in getattr(module, "__all__", []) if not n.startswith("__")):
+            obj = getattr(module, public)
+            if callable(obj):
+                lines.append(f"- `{public}{_signature(obj)}`: {_first(inspect.getdoc(obj))}")
+            else:
+                lines.append(f"- `{public} = {obj!r}`")
+    lines += ["", "## Environment variables", "", "| variable | meaning |", "|---|---|"]
+    lines += [f"| `{k}` | {v} |" for k, v in ENVIRONMENT.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _signature(obj: Any) -> str:
+    if not callable(obj) or inspect.isclass(obj):
+        return ""
+    try:
+        return str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return ""
+
+
 def write(folder: Path) -> list[Path]:
-    """Write commands.md and json.md into `folder`; returns the paths written."""
+    """Write commands.md, json.md and python.md into `folder`; returns the paths written."""
     folder.mkdir(parents=True, exist_ok=True)
-    pages = {"commands.md": commands_markdown(), "json.md": json_keys.markdown()}
+    pages = {
+        "commands.md": commands_markdown(),
+        "json.md": json_keys.markdown(),
+        "python.md": python_markdown(),
+    }
     for name, text in pages.items():
         (folder / name).write_text(text)
     return [folder / name for name in pages]
