@@ -19,7 +19,8 @@ measure an H100 at 2.1-2.3x an A100 under PyTorch where the planner says 2.5-2.7
 published figure says which kernels lose it. One GPU answers that for the layer (the ratios per
 item), where the planner's Hopper constants come from elsewhere. Default shape: a Llama 2 7B
 layer at micro-batch 2 of 4,096 tokens, the IBM rows' shape. Without CUDA (and without
---allow-cpu) it says so, writes a JSON saying so and exits 0; --allow-cpu --tiny runs the same code on CPU, to test the script.
+--allow-cpu) it says so, writes a JSON saying so and exits 0; --allow-cpu --tiny runs the same
+code on CPU, to test the script.
 """
 
 from __future__ import annotations
