@@ -24,6 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/getting-started.md", "docs/tutorial.md", "docs/how-to/*.md")
 MARK = re.compile(r"<!-- runnable(: ci)? -->\s*\n```sh\n(.*?)```", re.S)
+# pages whose `$ COMMAND` lines, in a fenced block with the command's output after them, are run too
+SHOWN = ("docs/tutorial.md", "docs/how-to/show-a-schedule.md", "docs/how-to/calibrate.md")
+FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,35 @@ def blocks(ci_only: bool = False) -> list[Block]:
                 line = text[: m.start()].count("\n") + 1
                 out.append(Block(str(path.relative_to(ROOT)), line, m.group(2), bool(m.group(1))))
     return [b for b in out if b.ci or not ci_only]
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A `$ COMMAND` line and the output printed under it (up to the next `$` line)."""
+
+    page: str
+    line: int
+    command: str
+    output: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def shown() -> list[Shown]:
+    """Every `$ COMMAND` of the SHOWN pages, with the output the page prints for it."""
+    out = []
+    for page in SHOWN:
+        text = (ROOT / page).read_text()
+        for fence in FENCE.finditer(text):
+            start = text[: fence.start(1)].count("\n") + 1
+            lines = fence.group(1).splitlines()
+            heads = [i for i, line in enumerate(lines) if line.startswith("$ ")]
+            for k, i in enumerate(heads):
+                end = heads[k + 1] if k + 1 < len(heads) else len(lines)
+                out.append(Shown(page, start + i, lines[i][2:], "\n".join(lines[i + 1 : end])))
+    return out
 
 
 def commands(block: Block) -> list[list[str]]:
@@ -85,7 +117,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per block")
     args = parser.parse_args()
     failed = []
-    for block in blocks(ci_only=not args.all):
+    extra = [Block(s.page, s.line, s.command, True) for s in shown()]
+    for block in [*blocks(ci_only=not args.all), *extra]:
         start = time.perf_counter()
         try:
             done = run(block, args.timeout)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from docs_commands import ROOT, Block, blocks, commands
+from docs_commands import ROOT, Block, Shown, blocks, commands, shown
 from typer.testing import CliRunner
 
 from ringtree.cli import reference
@@ -80,3 +81,27 @@ def test_the_version_is_the_package_s() -> None:
     assert result.output.strip() == f"ringtree {importlib.metadata.version('ringtree')}"
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert f"## [{importlib.metadata.version('ringtree')}]" in changelog
+
+
+@pytest.mark.parametrize("example", shown(), ids=lambda s: s.name)
+def test_the_shown_commands_print_what_the_page_shows(
+    example: Shown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `$ COMMAND` with its output under it: the output is today's (all of it, or where the page
+    abridges it with `...` or `# tail`, each line it shows)."""
+    (tmp_path / "tests").symlink_to(ROOT / "tests")
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(example.command, comments=True)
+    env = dict(a.split("=", 1) for a in argv if re.match(r"^[A-Z_]+=", a))
+    argv = [a for a in argv if not re.match(r"^[A-Z_]+=", a)]
+    assert argv[0] == "ringtree"
+    result = CliRunner().invoke(app, argv[1:], env={"COLUMNS": "80", **env})
+    assert result.exit_code == 0, result.output
+    actual = [line.rstrip() for line in result.output.splitlines()]
+    expected = [line.rstrip() for line in example.output.splitlines()]
+    cut = [line for line in expected if "..." in line or line.startswith("(")]  # where the page abridges
+    if "# tail" in example.command or cut:
+        missing = [line for line in expected if line not in cut and line not in actual]
+        assert not missing, f"{example.name}: not in today's output: {missing[:3]}"
+    else:
+        assert actual == expected, f"{example.name}: the page shows another output; today's:\n{result.output}"
