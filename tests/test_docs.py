@@ -105,3 +105,10 @@ def test_the_shown_commands_print_what_the_page_shows(
         assert not missing, f"{example.name}: not in today's output: {missing[:3]}"
     else:
         assert actual == expected, f"{example.name}: the page shows another output; today's:\n{result.output}"
+
+
+def test_the_readmes_link_to_files_that_exist() -> None:
+    for readme in ("README.md", "README.ko.md"):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / readme).read_text()):
+            if "://" not in target:
+                assert (ROOT / target).exists(), f"{readme} links to {target}, which does not exist"
