@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from ringtree import plan_plot
 from ringtree.cli.app import app
-from ringtree.plan_plot import Segment, memory_segments, step_segments
+from ringtree.plan_plot import Segment, draw_plan, memory_segments, step_segments
 from ringtree.sim.clusters import get
 from ringtree.sim.layout import Training
 from ringtree.sim.predictor import plan
@@ -63,14 +65,37 @@ def test_every_stage_adds_up_to_the_step_and_the_slowest_is_the_breakdown(layout
         assert first["gradients"] / first["weights"] == pytest.approx(4 / 2)
 
 
-def test_plan_plot_draws_the_json_breakdown(tmp_path: Path) -> None:
+def test_plan_plot_draws_the_json_breakdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `plan --plot` draws, segment by segment, is what `plan --json` writes."""
+    drawn: list[tuple[list[Segment], list[Segment]]] = []
+
+    def keep(*args: Any, **kwargs: Any) -> tuple[list[Segment], list[Segment]]:
+        drawn.append(draw_plan(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(plan_plot, "draw_plan", keep)
     png, out = tmp_path / "plan.png", tmp_path / "plan.json"
     args = [*PLAN, "--tp", "4", "--pp", "2", "--recompute", "selective", "--json", str(out)]
     result = runner.invoke(app, [*args, "--plot", str(png)])
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in result.output
     data = json.loads(out.read_text())
-    assert len(data["memory"]["stages"]) == 2
+    ((steps, memory),) = drawn
+    stages = _sums(steps)
+    assert sorted(stages) == [s["stage"] for s in data["memory"]["stages"]] == [0, 1]
+    pace = min(stages.values(), key=lambda p: p.get("pp_bubble_s", 0.0))
+    assert pace["forward"] + pace["backward"] + pace["recompute"] == pytest.approx(
+        data["breakdown"]["compute_s"]
+    )
+    for key, seconds in data["breakdown"].items():
+        assert pace.get(key, 0.0) == pytest.approx(seconds) or key == "compute_s"
+    assert all(sum(p.values()) == pytest.approx(data["step_s"]) for p in stages.values())
+    for s in data["memory"]["stages"]:
+        parts = _sums(memory)[s["stage"]]
+        assert parts["activations"] == pytest.approx(s["activations_GiB"])
+        assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(
+            s["weights_grads_optimizer_GiB"]
+        )
 
 
 def test_search_plot_and_from_run_plot_are_drawn(tmp_path: Path) -> None:
