@@ -49,7 +49,7 @@ def _option(p: Any) -> str:
     kind = _type(p.type_descriptor.annotation) if p.type_descriptor else "text"
     unset = p.default in (None, "", [], ()) or (p.is_bool_flag and not p.default)
     default = "" if unset else f"`{p.default}`"
-    if p.is_bool_flag and p.secondary_opts:
+    if p.is_bool_flag and p.secondary_opts and p.default is not None:
         default = f"`{p.opts[0] if p.default else p.secondary_opts[0]}`"
     return f"| {names} | {kind} | {default} | {_cell(p.help)} |"
 
