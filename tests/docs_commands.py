@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/getting-started.md", "docs/tutorial.md", "docs/how-to/*.md")
 MARK = re.compile(r"<!-- runnable(: ci)? -->\s*\n```sh\n(.*?)```", re.S)
 # pages whose `$ COMMAND` lines, in a fenced block with the command's output after them, are run too
-SHOWN = ("docs/tutorial.md", "docs/how-to/show-a-schedule.md", "docs/how-to/calibrate.md")
+SHOWN = ("docs/tutorial.md", "docs/how-to/show-a-schedule.md", "docs/how-to/calibrate.md", "docs/planner.md")
 FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
 
 
