@@ -1,4 +1,4 @@
-"""Predicted vs measured step time on emulated multi-node clusters (docs/accuracy.md).
+"""Predicted vs measured step time on emulated multi-node clusters (docs/results/emulated-sweeps.md).
 
 For each inter-node rate and node count, an emulated bench of every algorithm across the link
 (sizes bracketing the models' gradients) is fitted by `ringtree calibrate`, which keeps the rows:
@@ -8,7 +8,8 @@ baseline), N ranks on ONE emulated node (the compute time at the CPU share the N
 have), and, interleaved over node counts, algorithms and rates so that load drift hits every row
 alike, `ringtree plan` predicts each N-node run BEFORE it runs (`ringtree emulate ... -- train`).
 Each row is the median over rounds, with the spread. Every run has one rank per node and one
-thread per rank (see docs/emulate.md). Needs root or CAP_NET_ADMIN. Run it under the shared lock:
+thread per rank (see docs/how-to/emulate-a-cluster.md). Needs root or CAP_NET_ADMIN. Run it under
+the shared lock:
 
     flock /tmp/ringtree-bench.lock python benchmarks/accuracy.py --models mlp --nodes 2 \
         --rates 100mbit,1gbit,10gbit --algorithms ring,native
@@ -325,7 +326,7 @@ def environment() -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The markdown table of docs/accuracy.md's "Emulated multi-node" section."""
+    """The markdown table of docs/results/emulated-sweeps.md's "Emulated multi-node" section."""
     lines = [
         "| model | nodes | inter-node | algorithm | 1-node step (ms) | predicted (ms) | measured (ms) "
         "| error | speedup predicted | speedup measured | pays off? | all-reduce predicted / measured (ms) "

@@ -1,6 +1,6 @@
 """How much a small all-reduce's time drifts on this host, across the link and without one.
 
-docs/accuracy.md ("Where it still misses") asks whether the emulated sweep's misses on the mlp
+docs/results/emulated-sweeps.md ("Where it still misses") asks whether the emulated sweep's misses on the mlp
 (a 104 kB gradient, about 3 ms a step on 2 nodes) come from the shaped link or from the host.
 Round after round this script measures, back to back and on the same quiet machine:
 

@@ -14,12 +14,13 @@ planner's price for the same shape on the preset's GPU:
   `--elementwise eager`, and under `torch.compile` against it with the fused elementwise default;
   both with `--attention-kernel flash2`, SDPA's flash backend.
 
-Why: the two held-out sources of docs/accuracy.md (LLM Foundry, IBM's fms-fsdp) measure an H100 at
-2.1-2.3x an A100 under PyTorch where the planner says 2.5-2.7x, and no published figure says which
-kernels lose it. One GPU answers that for the layer (the ratios per item), where the planner's
-Hopper constants come from elsewhere. Default shape: a Llama 2 7B layer at micro-batch 2 of 4,096
-tokens, the IBM rows' shape. Without CUDA (and without --allow-cpu) it says so, writes a JSON
-saying so and exits 0; --allow-cpu --tiny runs the same code on CPU, to test the script.
+Why: the two held-out sources of docs/results/planner-accuracy.md (LLM Foundry, IBM's fms-fsdp)
+measure an H100 at 2.1-2.3x an A100 under PyTorch where the planner says 2.5-2.7x, and no
+published figure says which kernels lose it. One GPU answers that for the layer (the ratios per
+item), where the planner's Hopper constants come from elsewhere. Default shape: a Llama 2 7B
+layer at micro-batch 2 of 4,096 tokens, the IBM rows' shape. Without CUDA (and without
+--allow-cpu) it says so, writes a JSON saying so and exits 0; --allow-cpu --tiny runs the same
+code on CPU, to test the script.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Megatron-LM's 2021 runs (Narayanan et al., table 1 and figures 13-15) against the planner
-(docs/accuracy.md, "Small GPT models with tensor parallelism on A100").
+(docs/results/planner-accuracy.md, "Small GPT models with tensor parallelism on A100").
 
 Each row is priced as `Training(batch, b, t, p, "fp16", "full", flash_attention=False)` on `dgx-a100`
 nodes: table 1's rows at the micro-batches of Megatron-LM's `examples/sc21/run_table_1.sh`, the

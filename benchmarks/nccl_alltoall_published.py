@@ -1,4 +1,5 @@
-"""Uncalibrated cluster presets against published nccl-tests alltoall_perf tables (docs/accuracy.md).
+"""Uncalibrated cluster presets against published nccl-tests alltoall_perf tables
+(docs/results/collective-model-accuracy.md).
 
 Each table (tests/data/nccl-tests, sources in its README) is compared with what `ringtree sim
 --cluster NAME --nodes N --collective all-to-all --algorithm native --bytes SIZE` predicts for every

@@ -1,4 +1,6 @@
-"""Uncalibrated cluster presets against published nccl-tests all_reduce_perf tables (docs/accuracy.md).
+"""Uncalibrated cluster presets against published nccl-tests all_reduce_perf tables.
+
+The record: docs/results/collective-model-accuracy.md.
 
 Each table (tests/data/nccl-tests, sources in its README) is compared with what
 `ringtree sim --cluster NAME --nodes N --algorithm native --bytes SIZE` predicts for every logged

@@ -294,7 +294,8 @@ def target(args: argparse.Namespace) -> dict[str, Any]:
     result = spawn(target_worker, p, (m, args.repeats, args.pin), timeout_s=600)[0]
     if args.gantt_suffix is not None:
         for name, spans in result["gantt"].items():
-            path = args.out / f"pipeline-gantt-vit-{name}{args.gantt_suffix}.png"
+            path = args.out / "images" / f"pipeline-gantt-vit-{name}{args.gantt_suffix}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
             plot_gantt(spans, path, f"vit, {name}, p={p}, m={m} of 32, gloo{args.gantt_suffix}")
             print(f"wrote {path}")
     for r in result["bubble"]:
@@ -326,7 +327,9 @@ def main() -> None:
         action="store_true",
         help="bind stage j's process to core j (mod the cores allowed), as one device per stage would be",
     )
-    parser.add_argument("--gantt-suffix", default=None, help="write docs/pipeline-gantt-vit-NAME<SUFFIX>.png")
+    parser.add_argument(
+        "--gantt-suffix", default=None, help="write docs/images/pipeline-gantt-vit-NAME<SUFFIX>.png"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write every measured figure here")
     args = parser.parse_args()
     if args.json is not None and args.json.exists():
@@ -365,15 +368,18 @@ def main() -> None:
         "memory": [results[p]["memory"] for p in args.stages],
     }
     (args.out / "data").mkdir(parents=True, exist_ok=True)
+    (args.out / "images").mkdir(parents=True, exist_ok=True)
     (args.out / "data" / "pipeline.json").write_text(json.dumps(data, indent=1))
     ms = args.forward_ms
     title = f"sleep stages {ms:g} ms fwd / {2 * ms:g} ms bwd, gloo, torch {env['torch']}"
     plot_bubble(
-        [r for r in bubble if r["schedule"] == "1f1b"], args.out / "pipeline-bubble.png", f"1f1b, {title}"
+        [r for r in bubble if r["schedule"] == "1f1b"],
+        args.out / "images" / "pipeline-bubble.png",
+        f"1f1b, {title}",
     )
     p = max(args.stages)
     for name, spans in results[p]["gantt"].items():
-        plot_gantt(spans, args.out / f"pipeline-gantt-{name}.png", f"{name}, p={p}, m=8, {title}")
+        plot_gantt(spans, args.out / "images" / f"pipeline-gantt-{name}.png", f"{name}, p={p}, m=8, {title}")
     events = [
         trace.Event(s["kind"], s["stage"], "compute", s["start"], s["end"], {"micro_batch": s["micro_batch"]})
         for s in results[p]["gantt"]["1f1b"]

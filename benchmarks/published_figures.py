@@ -1,4 +1,6 @@
-"""Predictions against published measurements (docs/accuracy.md, "Published figures").
+"""Predictions against published measurements.
+
+The record: docs/results/collective-model-accuracy.md, "Published figures".
 
 Run: PYTHONPATH=. python benchmarks/published_figures.py  (pure model arithmetic: no GPU, a few seconds)
 """

@@ -1,5 +1,5 @@
-"""`ringtree plan` against published mixture-of-experts, FP8 and Blackwell training runs (docs/accuracy.md,
-"Published runs: mixture-of-experts, FP8 and Blackwell").
+"""`ringtree plan` against published mixture-of-experts, FP8 and Blackwell training runs
+(docs/results/planner-accuracy-moe.md).
 
 Each row of docs/data/published-runs-moe.json (a run someone else measured: model preset, layout, GPUs,
 the figure they published and where) becomes the planner's contract command
@@ -190,7 +190,8 @@ def _layout(row: dict[str, Any]) -> str:
 
 
 def markdown(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    """The table of docs/accuracy.md: one line per row, the pairs' speed-ups, then the summary."""
+    """The table of docs/results/planner-accuracy-moe.md: one line per row, the pairs' speed-ups, then
+    the summary."""
     rows = {r["id"]: r for r in data["rows"]}
     out = ["| run | GPUs | layout | EP spans | published | tokens/s/GPU | predicted | error | fits |",
            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip

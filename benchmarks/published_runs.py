@@ -1,4 +1,4 @@
-"""`ringtree plan` against published training runs (docs/accuracy.md, "Published runs, H100 and A100").
+"""`ringtree plan` against published training runs (docs/results/planner-accuracy.md).
 
 Each row of docs/data/published-runs.json (a run someone else measured: model, layout, GPUs,
 the figure they published and where) becomes the planner's contract command
@@ -220,7 +220,7 @@ def _layout(row: dict[str, Any]) -> str:
 
 
 def markdown(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    """The table of docs/accuracy.md: one line per row, then the summary."""
+    """The table of docs/results/planner-accuracy.md: one line per row, then the summary."""
     rows = {r["id"]: r for r in data["rows"]}
     out = ["| run | GPUs | layout | published | measured step (s) | predicted step (s) | error | fits |",
            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -256,8 +256,9 @@ SHORT = {
 
 
 def docs_table(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    """docs/accuracy.md's table of the rows: with each row's source, model and published words, then
-    every row's command (a row on a machine its preset only approximates is marked with a dagger)."""
+    """docs/results/planner-accuracy.md's table of the rows: with each row's source, model and
+    published words, then every row's command (a row on a machine its preset only approximates is
+    marked with a dagger)."""
     rows = {r["id"]: r for r in data["rows"]}
     out = ["| run | source: where | model | GPUs | layout | published | measured step (s) | "
            "predicted step (s) | error | fits |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -302,7 +303,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="Write the results here.")
     parser.add_argument("--markdown", type=Path, help="Write the markdown table here.")
     parser.add_argument(
-        "--docs", type=Path, help="Write docs/accuracy.md's table (sources, models, commands) here."
+        "--docs", type=Path, help="Write the record's table (sources, models, commands) here."
     )
     args = parser.parse_args()
     data = load(args.data)

@@ -1,7 +1,7 @@
 """ZeRO-3: ringtree's ShardedDataParallel against torch's FSDP2 in one world, and the memory per rank.
 
     flock /tmp/ringtree-bench.lock .venv/bin/python benchmarks/zero.py --nproc 4 --json zero.json \
-        --plot docs/zero-memory.png
+        --plot docs/images/zero-memory.png
 
 Both train the same MLP on the same synthetic batches with AdamW: ringtree ZeRO-3 (one bucket per
 linear layer, its ring reduce-scatter and all-gather over shared memory; and over torch's own

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from ringtree.topology import Topology
@@ -10,7 +11,10 @@ if TYPE_CHECKING:
     from ringtree.comm.hook import comm_hook
     from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("ringtree")  # pyproject.toml's, as installed: one version for all to read
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 __all__ = ["DistributedDataParallel", "ShardedDataParallel", "Topology", "__version__", "comm_hook"]
 
 

@@ -86,7 +86,7 @@ def test_two_node_bench_brings_rows_back_and_leaves_nothing(tmp_path: Path) -> N
     assert all((r["nodes"], r["ranks_per_node"], r["wrong"]) == (2, 1, 0) for r in rows)
     record = json.loads(record_path.read_text())
     table = documented("emulate.md", "emulate")
-    assert sorted(keys(record)) == sorted(table)  # docs/emulate.md's table, exactly
+    assert sorted(keys(record)) == sorted(table)  # docs/how-to/emulate-a-cluster.md's table, exactly
     (link,) = record["links"]
     assert link["configured_gbps"] == 1.0 and 0.3 < link["measured_gbps"] < 1.05  # tbf caps it
     assert leftovers() == ([], [])

@@ -64,6 +64,7 @@ def test_the_train_summary_has_the_documented_keys(layout: dict[str, Any]) -> No
         (["show", "ring", "--ranks", "4"], "collectives.md", "show"),
         (["show", "1f1b", "--stages", "2", "--micro-batches", "2"], "pipeline.md", "show-pipeline"),
         (["show", "moe-dispatch", "--ranks", "2", "--experts", "4"], "moe.md", "show-moe"),
+        (["show", "bruck", "--ranks", "4"], "all-to-all.md", "show-a2a"),
     ],
 )
 def test_show_json_has_the_documented_keys(tmp_path: Path, args: list[str], page: str, command: str) -> None:

@@ -1,6 +1,6 @@
-"""Megatron-LM's 2021 stack in the planner (docs/accuracy.md, "Small GPT models with tensor parallelism
-on A100"): the softmax fallback of its fused-kernel shapes, its per-layer cost, and its published runs
-(benchmarks/megatron_2021.py) with the small models held out of the fit."""
+"""Megatron-LM's 2021 stack in the planner (docs/results/planner-accuracy.md, "Small GPT models with tensor
+parallelism on A100"): the softmax fallback of its fused-kernel shapes, its per-layer cost, and its
+published runs (benchmarks/megatron_2021.py) with the small models held out of the fit."""
 
 from __future__ import annotations
 

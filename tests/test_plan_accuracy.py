@@ -1,6 +1,7 @@
 """The planner's accuracy fixes (issue 21): NCCL as `auto` on GPU clusters, FSDP's overlapped
 reduce-scatter, matmuls at each GPU's measured share of its peak; and the published runs
-(docs/accuracy.md) and the 2021 A100 anchors held to the errors reached, so a regression fails."""
+(docs/results/planner-accuracy.md) and the 2021 A100 anchors held to the errors reached, so a
+regression fails."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ringtree.sim.search import search
 from ringtree.sim.transformer import Transformer
 from tests.benchmark_scripts import load
 
-# what the published runs reach (docs/accuracy.md, "Published runs, H100 and A100"), rounded up
+# what the published runs reach (docs/results/planner-accuracy.md), rounded up
 MEDIAN_ABS_ERROR, MAX_ABS_ERROR, MEAN_ABS_ERROR = 0.080, 0.295, 0.102  # 7.9%, 29.2%, 10.1% reached (90 rows)
 # rows the memory model says do not fit: none since Llama's rows store no dropout masks (Llama 3 405B
 # at 8,192 GPUs, 32 micro-batches per pipeline and 17.9 in flight on the first stage: 76.6 GiB; it
@@ -154,7 +155,7 @@ def test_the_2021_a100_anchors_stay_within_their_errors() -> None:
 def test_megatron_figures_13_to_15_hold_their_errors() -> None:
     """Narayanan et al. 2021 figures 13-15 (read off the plots): TP 16 and 32 across 8-GPU nodes
     (figure 13) within 25% (22% reached), PP x DP (figure 14) within 15%; figure 15's 5.9B TP x DP
-    rows miss at every TP, inside a node too (docs/accuracy.md): held where they are."""
+    rows miss at every TP, inside a node too (docs/results/planner-accuracy.md): held where they are."""
     rows = _script("published_figures").megatron_figures()
     errors: dict[int, list[float]] = {13: [], 14: [], 15: []}
     for name, predicted, published_tflops in rows:

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
+from ringtree.json_keys import OUTPUTS
 from ringtree.sim import compute
 from ringtree.sim.clusters import CLUSTERS, get
 from ringtree.sim.hardware import Cluster, Link
@@ -26,7 +27,6 @@ runner = CliRunner()
 H100 = get("dgx-h100")
 SMALL = Transformer(8, 1024, 16, 2048, 32000, kv_heads=4, ffn_hidden=2816, mlp="swiglu")
 FREE = Link("free", 0.0, 1e30)
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "simulator.md"
 
 
 def test_llama3_presets_have_the_papers_parameter_counts() -> None:
@@ -329,7 +329,8 @@ def test_search_of_1024_gpus_takes_under_ten_seconds() -> None:
 
 
 def test_plan_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
-    """docs/simulator.md's table of plan's JSON keys is the output's: no key missing, none extra."""
+    """The registry's plan keys (ringtree.json_keys, the JSON reference) are the output's: no key
+    missing, none extra."""
     out = tmp_path / "plan.json"
     args = ["plan", "--model", "llama3-8b", "--global-batch", "64", "--micro-batch", "1", "--tp", "4",
             "--pp", "2", "--cp", "2", "--virtual-stages", "2", "--sequence-parallel", "--zero", "1",
@@ -338,8 +339,7 @@ def test_plan_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    table = DOCS.read_text().split("<!-- plan-json-keys -->")[1]
-    documented = set(re.findall(r"^\| `([a-z_A-Z.]+)`", table, re.M))
+    documented = set(OUTPUTS["plan"].keys)
     actual = (
         set(data) | {f"breakdown.{k}" for k in data["breakdown"]} | {f"memory.{k}" for k in data["memory"]}
     )
@@ -374,9 +374,8 @@ def test_data_parallel_plan_json_keys_are_the_documented_ones(tmp_path: Path) ->
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    text = DOCS.read_text()
-    step = {k for k in re.findall(r"^\| `([a-z_]+)`", text.split("<!-- plan-json-keys -->")[1], re.M)}
-    extra = set(re.findall(r"^\| `([a-z_]+)`", text.split("<!-- plan-dp-json-keys -->")[1], re.M))
+    step = {k for k in OUTPUTS["plan"].keys if "." not in k}
+    extra = set(OUTPUTS["plan-dp"].keys) - {"pipeline", "tensor_parallel"}  # with --pp, --tp only
     assert set(data) == step | extra
     assert data["memory"] is None and data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
 

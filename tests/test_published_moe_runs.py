@@ -232,8 +232,8 @@ def test_one_row_runs_through_the_planner() -> None:
     assert result["command"].startswith("ringtree plan --model grok-1 --global-batch 256")
 
 
-# the planner's figures over the published rows (docs/accuracy.md, "Mixture of experts, FP8 and
-# Blackwell"), a little above what it gives now, so that a regression fails
+# the planner's figures over the published rows (docs/results/planner-accuracy-moe.md), a little above what
+# it gives now, so that a regression fails
 MEDIAN_ABS_ERROR, MEAN_ABS_ERROR, MEDIAN_SPEEDUP_ERROR = 0.175, 0.44, 0.04
 
 

@@ -50,7 +50,7 @@ def _tuning(rows: list[dict[str, Any]]) -> NcclTuning:
 def test_held_out_sizes_at_the_logged_gpu_count() -> None:
     """Each inner size of the 2 x 8 p5 log left out in turn: the fit on the others, read off their
     rows, predicts it within 5% (the 64 MiB row excepted: its 32 MiB neighbour's out-of-place and
-    in-place times differ by 6%, more than the target; docs/accuracy.md)."""
+    in-place times differ by 6%, more than the target; docs/results/collective-model-accuracy.md)."""
     (run,) = parse(P5_2X8)
     rows = run.measurements()
     for i in range(2, len(rows) - 1):
@@ -86,7 +86,8 @@ def published() -> ModuleType:
 
 def test_presets_against_published_tables(published: ModuleType) -> None:
     """At least three tables within 15% (median over sizes >= 1 MiB), one of them across nodes over
-    the network (GB200 NVL72, two racks), one a whole NVLink domain of 64 GPUs (docs/accuracy.md)."""
+    the network (GB200 NVL72, two racks), one a whole NVLink domain of 64 GPUs
+    (docs/results/collective-model-accuracy.md)."""
     tables = published.results()["tables"]
     within = {log: t["rows"][0] for log, t in tables.items() if t["summary"]["median_abs_error"] <= TARGET}
     assert len(within) >= 3

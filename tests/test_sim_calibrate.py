@@ -142,5 +142,5 @@ def test_published_a100_log_fit_and_a_two_node_prediction() -> None:
     assert float(np.sqrt(np.mean(uncorrected**2))) > 0.3  # what the calibration buys on this log
     tuning = nccl_fit.tuning(section)
     seconds, choice = nccl_model.allreduce_seconds(tuning, 16, 2, 1 << 30)
-    # OCI BM.GPU.B4.8, 2 x 8 A100, 1 GiB: 10,785 us (docs/accuracy.md, source d)
+    # OCI BM.GPU.B4.8, 2 x 8 A100, 1 GiB: 10,785 us (docs/results/collective-model-accuracy.md, source d)
     assert choice.label == "ring/Simple" and seconds * 1e6 == pytest.approx(10785, rel=0.05)

@@ -16,8 +16,20 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from ringtree import __version__
+
+        typer.echo(f"ringtree {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
     """ringtree: understand, predict and fix the scaling of distributed training."""
     try:
         shm.transport()

@@ -229,7 +229,10 @@ def plan(
         None, "--json", help="Write the plan as JSON here.", rich_help_panel="Output"
     ),
     plot: Path | None = typer.Option(
-        None, help="PNG of the speedup from 1 to --nodes nodes.", rich_help_panel="Output"
+        None,
+        help="PNG: a transformer's step per pipeline stage beside each stage's memory (with --search the "
+        "top layouts side by side); data parallel, the speedup from 1 to --nodes nodes.",
+        rich_help_panel="Output",
     ),
     moe: MoeOptions = MoeOptions(),  # the options of ringtree.cli.plan_moe
 ) -> None:
@@ -262,11 +265,11 @@ def plan(
                  "--accumulate": None if accumulate == 1 else accumulate, "--tp": None if tp == 1 else tp,
                  "--batch-size": None if batch_size == 32 else batch_size, "--pp": None if pp == 1 else pp,
                  "--grad-dtype": grad_dtype, "--shape": shape,
-                 "--plot": plot, "--search": search or None}  # fmt: skip
+                 "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []  # the MoE options among them
         _refuse(named, "--from-run (the step comes from the run)")
-        return _from_run(from_run, links, algorithm, json_path)
+        return _from_run(from_run, links, algorithm, json_path, plot)
     dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
     only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
     transformer = only or (model in TRANSFORMERS and not dp_inputs)
@@ -275,8 +278,8 @@ def plan(
     if transformer:
         dims = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab,
                 "kv_heads": kv_heads, "ffn_hidden": ffn_hidden, "mlp": mlp, "dropout": dropout}  # fmt: skip
-        legacy = {"--params": params, "--module": module, "--compression": compression, "--plot": plot,
-                  "--shape": shape, "--accumulate": None if accumulate == 1 else accumulate,
+        legacy = {"--params": params, "--module": module, "--compression": compression, "--shape": shape,
+                  "--accumulate": None if accumulate == 1 else accumulate,
                   "--batch-size": None if batch_size == 32 else batch_size}  # fmt: skip
         chosen = {"--tp": tp > 1, "--pp": pp > 1, "--cp": cp > 1, "--virtual-stages": virtual_stages > 1,
                   "--sequence-parallel": sequence_parallel, "--zero": zero > 0,
@@ -300,7 +303,7 @@ def plan(
                   "shard_group": shard_group, "recompute_layers": recompute_layers}  # fmt: skip
         return _transformer(
             model, {**dims, **moe.model_dims()}, global_batch, micro_batch or 1, layout, dtype, recompute,
-            overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe,
+            overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe, plot,
         )  # fmt: skip
     try:
         count = _param_count(model, params, module)
@@ -325,16 +328,8 @@ def plan(
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:
-        from ringtree.plots import plot_scaling
-        from ringtree.sim.plan import speedup_vs_one_node
-
-        counts = [1 << i for i in range(nodes.bit_length()) if 1 << i < nodes] + [nodes]
-        curves = {
-            a: [speedup_vs_one_node(config, cluster.with_nodes(n), a) for n in counts]
-            for a in dict.fromkeys(["ring", result["recommended_algorithm"], result["algorithm"]])
-        }
-        plot_scaling(counts, curves, plot, f"{count / 1e6:.0f}M params, {result['cluster_title']}")
-        console.print(f"wrote {plot}", highlight=False)
+        drawn = list(dict.fromkeys(["ring", result["recommended_algorithm"], result["algorithm"]]))
+        _plot_scaling(config, cluster, drawn, plot, f"{count / 1e6:.0f}M params, {result['cluster_title']}")
 
 
 @dataclass(frozen=True)
@@ -553,7 +548,9 @@ def _explain(result: dict[str, Any], config: Any, cluster: Any, calibration: Pat
     result["explain"] = {k: v for k, v in why.items() if k != "lines"} | {"lines": why["lines"] + derivation}
 
 
-def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path | None) -> None:
+def _from_run(
+    path: Path, links: ClusterOptions, algorithm: str, json_path: Path | None, plot: Path | None = None
+) -> None:
     """A finished one-node run's measured compute time, scaled to --nodes x --gpus-per-node."""
     from ringtree import files
     from ringtree.sim.plan import StepConfig, predict_step, with_run_wait
@@ -606,6 +603,20 @@ def _from_run(path: Path, links: ClusterOptions, algorithm: str, json_path: Path
     _explain(result, config, cluster, links.calibration)
     if json_path is not None:
         write_json(json_path, result)
+    if plot is not None:
+        _plot_scaling(config, cluster, [chosen], plot, f"{path}: {_cluster_title(cluster)}")
+
+
+def _plot_scaling(config: Any, cluster: Any, algorithms: list[str], path: Path, title: str) -> None:
+    """PNG of the predicted speedup from 1 to the cluster's nodes, one curve per algorithm."""
+    from ringtree.plots import plot_scaling
+    from ringtree.sim.plan import speedup_vs_one_node
+
+    nodes = cluster.nodes
+    counts = [1 << i for i in range(nodes.bit_length()) if 1 << i < nodes] + [nodes]
+    curves = {a: [speedup_vs_one_node(config, cluster.with_nodes(n), a) for n in counts] for a in algorithms}
+    plot_scaling(counts, curves, path, title)
+    console.print(f"wrote {path}", highlight=False)
 
 
 def _algorithms() -> tuple[str, ...]:
@@ -631,6 +642,7 @@ def _transformer(
     json_path: Path | None,
     legacy: dict[str, Any],
     moe: MoeOptions,
+    plot: Path | None = None,
 ) -> None:
     """The transformer model: one layout, or --search over all that fit."""
     from ringtree.sim.layout import CP_COMMS, Training
@@ -697,6 +709,11 @@ def _transformer(
         console.print(f"why: {searched['why']}", highlight=False)
     if json_path is not None:
         write_json(json_path, {**rows[0].as_dict(), **searched})
+    if plot is not None:
+        from ringtree.plan_plot import draw
+
+        draw(rows, shape, gpu, plot, search)
+        console.print(f"wrote {plot}", highlight=False)
 
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:

@@ -426,7 +426,7 @@ def _sleep_until_readable(fd: int, timeout_s: float) -> bool:
     queues for the core instead of preempting the thread that rang (which has its own next
     signal or step to do). Where ranks outnumber cores, waking up preemptively made the ranks
     take the core from each other at every signal: 4 ranks on 2 cores, exposed communication
-    6.2 -> 5.0 ms of a 39 ms step (docs/benchmarks.md). The thread's policy is restored on
+    6.2 -> 5.0 ms of a 39 ms step (docs/results/benchmarks.md). The thread's policy is restored on
     waking, and left alone unless it is the default one (SCHED_OTHER)."""
     batch = _SCHED_BATCH >= 0 and os.sched_getscheduler(0) == os.SCHED_OTHER
     if batch:

@@ -135,7 +135,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         # Ranks on one host share its cores: yield the core at every gradient and every forward,
         # so that ranks progress together and a bucket's ring starts when the last rank is ready
         # (4 ranks on 2 cores: exposed communication 11.5 -> 7 ms of a 35 ms step, step unchanged;
-        # docs/benchmarks.md). sched_yield returns at once when nothing else waits for the core.
+        # docs/results/benchmarks.md). sched_yield returns at once when nothing else waits for the core.
         self._yield = any(shm.is_shared(b.buffer) for b in self.buckets)
         # ... and spread them evenly over its cores where they outnumber them (placement.py)
         self._unpin = placement.spread() if self._yield else None

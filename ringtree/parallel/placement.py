@@ -3,7 +3,7 @@
 When a host's ranks outnumber its cores, the kernel may run one rank alone on a core while three
 share the other (4 ranks on 2 cores): that rank races ahead and every collective waits for the
 others. Pinning local rank i to core i mod n keeps the same number of ranks on every core (as MPI
-launchers bind ranks to cores). Measured on 4 ranks over 2 cores (docs/benchmarks.md): the spread
+launchers bind ranks to cores). Measured on 4 ranks over 2 cores (docs/results/benchmarks.md): the spread
 of the ranks' backward ends, 90th percentile, 20-22 -> 5.5 ms; exposed communication 5 -> 3.5 ms;
 step 36 -> 35 ms.
 

@@ -31,7 +31,7 @@ FLASH_EFFICIENCY = 0.6  # FlashAttention-2 forward: 50-73% of A100 peak (Dao 202
 FLASH_BACKWARD = 2.5  # the backward runs 5 matmuls to the forward's 2
 KERNEL_S = 6e-6  # launch and tail of one kernel
 # a grouped GEMM's share of a dense GEMM's rate at the same tile use: our choice, fitted to the
-# published MoE rows (docs/accuracy.md, "Mixture of experts, FP8 and Blackwell")
+# published MoE rows (docs/results/planner-accuracy-moe.md)
 GROUPED_EFFICIENCY = 0.9
 ELEMENTWISE_BYTES = 2.0  # HBM bytes moved per byte of stored activation (read it once, write once)
 # Megatron-LM's fused scale-mask-softmax kernel: its longest sequence (megatron/core/fusions/
@@ -43,8 +43,8 @@ FUSED_SOFTMAX_MAX_SEQ = 4096
 SOFTMAX_FALLBACK_BYTES = (33, 35)
 # a fixed cost per layer forward (twice it backward) of Megatron-LM's 2021-2022 stack (runs without
 # flash attention), whatever the TP degree and micro-batch: our choice, fitted to Narayanan et al.'s
-# TP 1 rows (figure 14 at batch 512) and checked on their TP 2-32 rows (docs/accuracy.md, "Small GPT
-# models with tensor parallelism on A100")
+# TP 1 rows (figure 14 at batch 512) and checked on their TP 2-32 rows (docs/results/planner-accuracy.md,
+# "Small GPT models with tensor parallelism on A100")
 UNFUSED_LAYER_S = 0.33e-3
 
 

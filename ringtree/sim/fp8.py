@@ -28,11 +28,11 @@ from ringtree.sim.clusters import GPU
 RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
 # large FP8 matmuls' rate over the FP8 peak, as a share of what BF16 ones reach of the BF16 peak
 # (torchao: "Gemm speedup approaching 2x as M, K, N increase"): our choice, checked against the
-# published FP8 speed-ups (docs/accuracy.md)
+# published FP8 speed-ups (docs/results/planner-accuracy-moe.md)
 FP8_EFFICIENCY = 0.9
 # the recipe's matmul kernel against a per-tensor-scaled one: our choice, fitted to torchao's rowwise
-# 1.10x against tensorwise 1.25x on Llama 3 8B (docs/accuracy.md); blockwise taken as rowwise on
-# Hopper (software-applied scales); MX block scales are applied by Blackwell's tensor cores
+# 1.10x against tensorwise 1.25x on Llama 3 8B (docs/results/planner-accuracy-moe.md); blockwise taken as
+# rowwise on Hopper (software-applied scales); MX block scales are applied by Blackwell's tensor cores
 KERNEL_SHARE = {"delayed": 1.0, "tensorwise": 1.0, "rowwise": 0.8, "blockwise": 0.8, "mxfp8": 1.0}
 # HBM bytes per element to scale and cast a 16-bit operand to FP8: read 2 + write 1, with an amax
 # pass (read 2 more) where the scale is computed from the tensor itself before the cast

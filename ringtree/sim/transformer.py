@@ -312,8 +312,8 @@ def _moe(
     moe_ffn: int,
     **rest: int | str,
 ) -> Transformer:
-    """A released mixture-of-experts model's shape from its public config.json (docs/simulator.md,
-    "Mixture of experts", cites each file): SwiGLU experts, RoPE, untied output, no dropout; sequence
+    """A released mixture-of-experts model's shape from its public config.json (docs/planner-moe.md,
+    "The model", cites each file): SwiGLU experts, RoPE, untied output, no dropout; sequence
     4,096 unless a run says otherwise (--seq)."""
     return Transformer(layers, hidden, heads, 4096, vocab, kv_heads, int(rest.pop("ffn", moe_ffn)), "swiglu",
                        False, False, False, experts, top_k, moe_ffn, **rest)  # type: ignore[arg-type]  # fmt: skip

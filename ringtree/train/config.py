@@ -534,7 +534,7 @@ def _check_thread_mode(cfg: TrainConfig) -> None:
     if given:
         raise ValueError(
             f"{', '.join(given)}: not supported by --mode {cfg.mode}, a single process with replicas "
-            "in threads (the seeds' DataParallel); drop them or use --mode ddp"
+            "in threads (torch's nn.DataParallel); drop them or use --mode ddp"
         )
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {cfg.threads}")

@@ -1,0 +1,460 @@
+"""What every key of every command's JSON output means: the one registry of them.
+
+docs/reference/json.md is generated from it (`python -m ringtree.json_keys`), and the tests hold
+each command's output to its entry, so a key added without its description fails a test. A list's
+items are `list[].key`, a nested object's keys `object.key`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Output:
+    """One command's JSON: how to get it, what it is, and its keys with their meanings."""
+
+    command: str
+    shape: str
+    keys: dict[str, str]
+
+
+OUTPUTS: dict[str, Output] = {
+    "bench": Output(
+        "ringtree bench --json FILE",
+        "a list of rows, one per algorithm and size",
+        {
+            "collective": "all_reduce, reduce_scatter, all_gather, broadcast, reduce or all_to_all",
+            "algorithm": "the schedule (or `native`: torch.distributed's own)",
+            "bytes": "the message size in bytes",
+            "count": "the message size in elements of `dtype`",
+            "dtype": "element type, e.g. float32",
+            "op": "reduction: sum, avg, product, max or min",
+            "world_size": "ranks",
+            "nodes": "nodes (torchrun's `LOCAL_WORLD_SIZE`, or `--local-size` with `--nproc`)",
+            "ranks_per_node": "ranks on each node",
+            "transport": "shm (ringtree's shared memory within a host) or gloo/nccl",
+            "time_us": "the slowest rank's mean time per call, microseconds",
+            "time_s": (
+                "the same time in seconds (the key `sim` rows use, so bench and sim rows compare directly)"
+            ),
+            "algbw_gbps": "bytes / time, GB/s",
+            "busbw_gbps": "algbw x the nccl-tests factor, GB/s",
+            "wrong": "wrong elements in the checked call, summed over ranks",
+        },
+    ),
+    "show": Output(
+        "ringtree show ALGORITHM --json FILE",
+        "one object: the schedule and what each rank holds",
+        {
+            "collective": "all_reduce, reduce_scatter, all_gather, broadcast or reduce",
+            "algorithm": "the schedule shown",
+            "ranks": "ranks",
+            "nodes": "nodes",
+            "bytes": "the buffer's size",
+            "itemsize": "bytes per element",
+            "chunks": "the chunks' byte ranges, [start, end)",
+            "holds_tracked_for": "the ranks whose holdings are followed (`holds` below)",
+            "bytes_sent_per_rank": "bytes each rank sends over the whole schedule",
+            "alpha_beta_s": "the closed form's time on `--link`",
+            "simulated_s": "the replay's time on `--link`",
+            "steps": "one entry per step",
+            "steps[].step": "its index",
+            "steps[].kind": "reduce, copy or reduce+copy",
+            "steps[].ranks": "per rank, what it does in the step",
+            "steps[].ranks[].rank": "the rank",
+            "steps[].ranks[].sends": "its sends",
+            "steps[].ranks[].sends[].to": "to which rank",
+            "steps[].ranks[].sends[].chunks": "which chunks",
+            "steps[].ranks[].sends[].bytes": "how many bytes",
+            "steps[].ranks[].recvs": "its receives",
+            "steps[].ranks[].recvs[].from": "from which rank",
+            "steps[].ranks[].recvs[].chunks": "which chunks",
+            "steps[].ranks[].recvs[].bytes": "how many bytes",
+            "steps[].ranks[].recvs[].reduce": "reduced into its own (true) or copied (false)",
+            "steps[].ranks[].holds": (
+                "for tracked ranks: chunk -> the ranks whose inputs it sums after the step"
+            ),
+        },
+    ),
+    "show-pipeline": Output(
+        "ringtree show gpipe|1f1b|interleaved|pipedream --json FILE",
+        "one object: the pipeline schedule's timeline",
+        {
+            "schedule": "gpipe, 1f1b, interleaved, pipedream or pipedream-vs",
+            "stages": "pipeline stages (p)",
+            "micro_batches": "micro-batches (m)",
+            "virtual_stages": "chunks per stage (V; 1 but for interleaved)",
+            "bubble_fraction": "idle share of the stages' slots",
+            "theoretical_bubble_fraction": "(p-1)/(m+p-1), or the schedule's own",
+            "activations_in_flight": "per stage, the most micro-batches whose activations it keeps",
+            "weight_versions": "per stage, the most weight versions it keeps",
+            "forward_versions": "per stage and micro-batch, the weight version its forward used",
+            "steps": "one entry per slot",
+            "steps[].step": "the slot",
+            "steps[].stages": "every stage's work in it",
+            "steps[].stages[].stage": "the stage",
+            "steps[].stages[].op": "forward, backward or idle",
+            "steps[].stages[].micro_batch": "the micro-batch (null when idle)",
+            "steps[].stages[].version": "the weight version used (null when idle)",
+        },
+    ),
+    "show-a2a": Output(
+        "ringtree show pairwise|bruck|linear|hierarchical-a2a --json FILE",
+        "one object: the all-to-all schedule and what each rank sends, receives and holds",
+        {
+            "collective": "all_to_all",
+            "algorithm": "the schedule shown: pairwise, bruck, linear or hierarchical",
+            "ranks": "ranks",
+            "nodes": "nodes",
+            "bytes": "each rank's buffer (what it sends to all ranks together, its own block included)",
+            "itemsize": "bytes per element",
+            "alpha_beta_s": "the closed form's time on `--link` (and `--intra`)",
+            "textbook": "the algorithm's textbook cost, as a formula",
+            "steps": "one entry per step",
+            "steps[].step": "its index",
+            "steps[].ranks": "one entry per rank",
+            "steps[].ranks[].rank": "the rank",
+            "steps[].ranks[].sends": "its messages in this step",
+            "steps[].ranks[].sends[].to": "the peer",
+            "steps[].ranks[].sends[].blocks": "the blocks it carries, each [source rank, destination rank]",
+            "steps[].ranks[].sends[].bytes": "the message's bytes",
+            "steps[].ranks[].receives": "the messages it receives in this step",
+            "steps[].ranks[].receives[].from": "the peer",
+            "steps[].ranks[].receives[].blocks": "the blocks, each [source rank, destination rank]",
+            "steps[].ranks[].receives[].bytes": "the message's bytes",
+            "steps[].ranks[].output_from": (
+                "the ranks whose block for this rank has arrived by the step's end"
+            ),
+            "steps[].ranks[].forwarding": "blocks it holds for other ranks, to forward in a later step",
+        },
+    ),
+    "show-moe": Output(
+        "ringtree show moe-dispatch --json FILE",
+        "one object: a small example of the token dispatch, step by step",
+        {
+            "ranks": "expert-parallel ranks",
+            "experts": "experts of the layer (rank r holds E/P from r E/P)",
+            "tokens": "tokens per rank in the example",
+            "top_k": "experts per token",
+            "steps": "the steps in order",
+            "steps[].action": "what the step does",
+            "steps[].communication": "its collective, or empty when local",
+            "steps[].ranks": "per rank, what it holds or sends",
+            "steps[].sends": "for an all-to-all: rows (integers for the counts) from rank i to rank j",
+        },
+    ),
+    "sim": Output(
+        "ringtree sim --json FILE",
+        "a list of rows, one per algorithm and size (or node count)",
+        {
+            "collective": "`all-reduce` or `all-to-all` (`--collective`)",
+            "algorithm": "the algorithm the row prices",
+            "ranks": "GPUs in the collective",
+            "nodes": "nodes",
+            "gpus_per_node": "GPUs per node",
+            "bytes": "the all-reduced buffer; of an all-to-all, the per-rank buffer (nccl-tests' size)",
+            "time_s": "the predicted time",
+            "method": "how: `replay`, `closed-form`, `nccl-model` or `measured` (a calibration's rows)",
+            "algbw_gbps": "bytes / time, GB/s",
+            "busbw_gbps": (
+                "algbw x 2(p-1)/p for an all-reduce, x (p-1)/p for an all-to-all (nccl-tests' bus "
+                "bandwidth), GB/s"
+            ),
+            "nccl_choice": (
+                "for `native` on a GPU cluster: NCCL's algorithm/protocol pick, `p2p/LL` or `p2p/Simple` "
+                "for an all-to-all (absent otherwise)"
+            ),
+        },
+    ),
+    "plan": Output(
+        "ringtree plan --model TRANSFORMER --json FILE",
+        "one object: the predicted step, its parts and memory",
+        {
+            "algorithm": "the all-reduce algorithm the plan prices",
+            "ranks": "GPUs",
+            "nodes": "nodes",
+            "step_s": "seconds per optimizer step (iteration)",
+            "samples_per_s": "sequences per second, all GPUs",
+            "mfu": (
+                "model FLOPs per step (no recompute) / (step_s x GPUs x dense peak); the BF16 peak for FP8 "
+                "runs too"
+            ),
+            "tokens_per_s_per_gpu": "global batch x sequence / step_s / GPUs",
+            "tflops_per_gpu": "the same model FLOPs per GPU per second, in TFLOP/s",
+            "hardware_tflops_per_gpu": (
+                "FLOPs per GPU per second counting the recompute (Megatron-LM 2021's figure)"
+            ),
+            "dp_allreduce_s": (
+                "the whole gradient reduction (all-reduce, or reduce-scatter under ZeRO), hidden or not"
+            ),
+            "dp": "data-parallel degree",
+            "tp": "tensor-parallel degree",
+            "cp": "context-parallel degree",
+            "pp": "pipeline stages",
+            "virtual_stages": "model chunks per pipeline rank",
+            "sequence_parallel": "Megatron's sequence parallelism on",
+            "zero": "ZeRO stage",
+            "micro_batches": "micro-batches per step per pipeline (m)",
+            "tp_link": "intra or inter: where the TP group runs",
+            "ep": "expert-parallel degree (1 for a dense model)",
+            "etp": "expert tensor-parallel degree",
+            "breakdown": "seconds per part of the step; they add up to `step_s`",
+            "breakdown.compute_s": "forward and backward compute (recompute included)",
+            "breakdown.optimizer_s": "the optimizer's pass over its states",
+            "breakdown.tp_comm_s": "TP (and SP) collectives on the critical path",
+            "breakdown.cp_comm_s": "the CP K/V exchange attention did not hide",
+            "breakdown.ep_comm_s": "the expert-parallel dispatch and combine exchanges left exposed",
+            "breakdown.pp_bubble_s": "pipeline bubble, with the stage messages on the critical path",
+            "breakdown.sync_wait_s": "a finished run's wait (`--from-run`)",
+            "breakdown.exposed_dp_s": "gradient reduction left exposed",
+            "breakdown.exposed_zero_gather_s": "ZeRO parameter all-gathers left exposed",
+            "memory": "bytes per GPU (null for the data-parallel planner)",
+            "memory.total_GiB": "the fullest stage's bytes per GPU",
+            "memory.fits": "whether every stage fits the GPU's memory",
+            "memory.capacity_GiB": "the GPU's memory",
+            "memory.fullest_stage": "which pipeline stage is fullest",
+            "memory.overflow_GiB": "how much the fullest stage exceeds the memory (0 when it fits)",
+            "memory.weights_grads_optimizer_GiB": "the fullest stage's states",
+            "memory.activations_GiB": "the fullest stage's activations",
+            "memory.stages": "every stage's states, activations and total",
+            "details": (
+                "the model spec, the layout (`training`), the GPU, parameters and model FLOPs per step"
+            ),
+        },
+    ),
+    "plan-dp": Output(
+        "ringtree plan --compute-time S --json FILE",
+        "the step keys of `plan` (`memory`, `mfu` and the FLOP rates null, `details` empty), and",
+        {
+            "algorithms": (
+                "every algorithm's row (the step keys, `speedup_vs_one_node`, `scaling_efficiency`)"
+            ),
+            "recommended_algorithm": "the algorithm with the shortest step",
+            "reason": "why, and what else would help",
+            "speedup_vs_one_node": "throughput on the cluster over one of its nodes",
+            "scaling_efficiency": "that speedup over the node count",
+            "grad_bytes": "bytes of gradients all-reduced per step",
+            "config": (
+                "the step's inputs (`params`, `compute_time_s` per micro-step, dtypes, buckets, overlap, ...)"
+            ),
+            "cluster": "the modelled cluster",
+            "cluster_title": "the cluster in one line",
+            "explain": (
+                "the bound per link level, the `bottleneck` and its share, the network for 90% "
+                "efficiency, the error bar, the printed lines"
+            ),
+            "pipeline": "with `--pp`: the pipeline's schedule, bubble and stage times",
+            "tensor_parallel": "with `--tp`: the TP group's link and per-step collective time",
+        },
+    ),
+    "calibrate": Output(
+        "ringtree calibrate FILES --out FILE",
+        "one object: the fitted links and their residuals (keys marked two-level appear only then)",
+        {
+            "alpha_s": "the intra-node (or only) link's latency per message",
+            "beta_s_per_byte": "its seconds per byte",
+            "bandwidth_Bps": (
+                "1 / `beta_s_per_byte`, under the name a link file uses, so the file also serves `--intra "
+                "FILE`"
+            ),
+            "gamma_s_per_byte": "reduction seconds per byte (0 for an nccl-tests fit: in NCCL's bandwidth)",
+            "inter_alpha_s": "two-level: the inter-node link's latency (null otherwise)",
+            "inter_beta_s_per_byte": "two-level: its seconds per byte (null otherwise)",
+            "inter_bandwidth_Bps": "two-level: 1 / `inter_beta_s_per_byte`",
+            "world_size": "the largest world the rows came from",
+            "rows": "rows fitted",
+            "rms_rel_error": "the fit's root-mean-square relative residual over them",
+            "max_rel_error": "its largest relative residual",
+            "levels": "the same two figures and the row count per level (`intra`, `inter`)",
+            "nccl": (
+                "an nccl-tests fit: NCCL's system, the fitted corrections, links, NICs, the fitted names "
+                "and the measured `table`; with bench rows too, also that fit's own `rows`, "
+                "`rms_rel_error`, `max_rel_error`, `levels`"
+            ),
+            "algorithms": "each algorithm's own bench fit (its alpha, beta, gamma and residuals)",
+            "measured": "the bench rows kept for interpolation at their sizes and counts",
+            "source": "the input files",
+        },
+    ),
+    "train": Output(
+        "ringtree train --json FILE",
+        "one object: the run's summary (`null`: not used in this run)",
+        {
+            "accuracy": "test accuracy, a fraction of 1; null without class targets",
+            "test_loss": "mean loss on the test split",
+            "train_loss": "mean training loss over the last epoch, all replicas",
+            "final_loss": "the last optimizer step's training loss, averaged over the replicas",
+            "samples_per_s": "training samples per second, all replicas",
+            "step_time_s": "mean optimizer step time after the first, the slowest rank's",
+            "comm_time_s": "mean gradient communication per step (overlapped or not)",
+            "exposed_comm_time_s": "the part of it the step waited for",
+            "predicted_step_time_s": "the planner's step time with `--calibration`; else null",
+            "world_size": "ranks",
+            "nodes": "nodes",
+            "dp": "data-parallel replicas",
+            "tp": "tensor-parallel ranks per replica (the option's key too)",
+            "pp": "pipeline stages per replica (the option's key too)",
+            "cp": (
+                "context-parallel ranks each sequence is split over (the option's key too; see "
+                "[context parallelism](../context-parallel.md))"
+            ),
+            "ep": "expert-parallel ranks the experts are split over (the option's key too)",
+            "backend": "gloo or nccl",
+            "parameters": "the whole model's, whatever its shards",
+            "model_state_mb": (
+                "parameters + gradients + optimizer states held by the fullest rank, counted from the "
+                "tensors (see ZeRO above)"
+            ),
+            "peak_memory_mb": (
+                "the fullest rank's peak: CUDA's allocator peak on GPU, the process's peak RSS on CPU"
+            ),
+            "activation_memory_mb": (
+                "the most activation bytes a rank saved for backward at once (autograd's saved tensors, "
+                "weights excluded; a stage's under `--pp`): what `--sequence-parallel` and activation "
+                "checkpointing shrink"
+            ),
+            "steps": "optimizer steps taken (from step 0, resumed ones included)",
+            "resumed_from_step": "the checkpoint's step a resumed run started from; else null",
+            "restarts": "times torch's elastic agent restarted the workers",
+            "stragglers": "ranks whose own work was persistently slower than the median rank's",
+            "skipped_steps": "steps skipped for non-finite gradients (fp16)",
+            "checkpoint_segments": (
+                "activation-checkpointed segments (0: none), as the stages made them; stands for the option"
+            ),
+            "distilled_from": "the teacher's checkpoint; else null",
+            "bubble_fraction": "under `--pp`: measured idle fraction of the pipeline",
+            "theoretical_bubble_fraction": "under `--pp`: the schedule's (p-1)/(m+p-1) or its own",
+            "peak_activation_bytes_per_stage": "under `--pp`: activations held at the peak, per stage",
+            "weight_versions_per_stage": "under `--pp`: weight copies kept (pipedream's stash)",
+            "experts": "with MoE layers: routed experts per layer (the option's key too)",
+            "top_k": "with MoE layers: experts per token (the option's key too)",
+            "expert_load": (
+                "with MoE layers: max / mean tokens per expert in the last step's worst layer, over every "
+                "data-parallel rank (1: balanced)"
+            ),
+            "tokens_dropped": (
+                "with MoE layers: fraction of token copies `--capacity-factor` dropped over the run "
+                "(0: dropless)"
+            ),
+            "a2a_time_s": (
+                "with MoE layers: mean seconds per step in the token dispatch's all-to-alls (counts, "
+                "dispatch, combine and their backwards), the slowest rank's"
+            ),
+            "a2a_exposed_s": (
+                "with MoE layers: the part of it nothing overlapped (all of it today: the dispatch blocks)"
+            ),
+            "devices": "under `--mode dp-threads`: the devices",
+            "device_held_bytes": "under `--mode dp-threads`: what each device held in the last step",
+            "device_imbalance": "under `--mode dp-threads`: max / mean of it",
+            "recipe": (
+                "the model's recipe the unset `--lr`, `--epochs`, `--batch-size` came from (`default` for"
+                " a factory)"
+            ),
+        },
+    ),
+    "emulate": Output(
+        "ringtree emulate --json FILE -- COMMAND",
+        "one object: the emulated cluster's record",
+        {
+            "nodes": "emulated nodes",
+            "ranks_per_node": "ranks on each node",
+            "inter_bw": "every node's configured link rate, as given (e.g. 1gbit)",
+            "slow": "node -> its slower configured rate (`--slow`)",
+            "burst_bytes": "node -> its token bucket's depth in bytes",
+            "cpu_policy": "how the ranks share the host's cores",
+            "links": "node 0 to every other node, measured before the job (empty with `--no-measure`)",
+            "links[].node": "the far node",
+            "links[].configured_gbps": "the pair's configured rate (the slower end's), Gbit/s",
+            "links[].bytes": "the probe's message size",
+            "links[].measured_gbps": "measured rate, back to back, Gbit/s",
+            "links[].after_idle_gbps": "measured rate after an idle pause (a full token bucket), Gbit/s",
+            "links[].latency_us": "one small message's round trip / 2, microseconds",
+            "command": "the command the nodes ran",
+            "exit_code": "the job's exit code (the command's own, e.g. doctor's 1)",
+        },
+    ),
+    "doctor": Output(
+        "ringtree doctor --json FILE",
+        "one object: the report",
+        {
+            "world_size": "ranks measured",
+            "nodes": "nodes",
+            "ranks_per_node": "ranks on each node",
+            "versions": "rank 0's torch, python, backend, gloo, nccl, cuda",
+            "mismatches": "ranks whose versions differ from rank 0's",
+            "mismatches[].rank": "the rank",
+            "mismatches[].key": "which version (torch, python, ...)",
+            "mismatches[].value": "its value there",
+            "mismatches[].rank0": "rank 0's value",
+            "links": "measured links: every pair of nodes, and two ranks within each node",
+            "links[].a": "first rank of the pair",
+            "links[].b": "second rank",
+            "links[].node_a": "rank a's node",
+            "links[].node_b": "rank b's node",
+            "links[].level": "inter or intra (node)",
+            "links[].gbps": "bandwidth, Gbit/s",
+            "links[].latency_us": "one small message's round trip / 2, microseconds",
+            "compute": "every rank's matmul rate",
+            "compute[].rank": "the rank",
+            "compute[].node": "its node",
+            "compute[].gflops": "float32 matmul GFLOP/s",
+            "suspects": "the slow links and ranks (exit code 1 when any)",
+            "suspects[].node": "the node",
+            "suspects[].rank": "the rank",
+            "suspects[].kind": "link or compute",
+            "suspects[].measured": "what was measured (Gbit/s or GFLOP/s)",
+            "suspects[].expected": "what was expected, same unit",
+        },
+    ),
+    "plan-search": Output(
+        "ringtree plan --search --json FILE",
+        "the keys of `plan` for the best layout, and",
+        {
+            "layouts_fit": "how many layouts fit the GPUs' memory (of those searched)",
+            "why": "why the first layout wins, in one line",
+            "configurations": "the top ten layouts, each with the keys of `plan`",
+        },
+    ),
+    "plan-from-run": Output(
+        "ringtree plan --from-run RUN.json --json FILE",
+        "the step keys of `plan`, and",
+        {
+            "speedup": "predicted throughput on the cluster over the measured run's",
+            "speedup_vs_predicted_run": (
+                "predicted throughput on the cluster over the predicted run's (the model against itself)"
+            ),
+            "measured_run_step_s": "the finished run's measured step",
+            "predicted_run_step_s": "the step the planner predicts for the run's own shape",
+            "from_run": "the summary file read",
+            "zero": "the run's ZeRO stage",
+            "cluster": "the modelled cluster",
+            "explain": "the bound per link level, the bottleneck and its share, the printed lines",
+        },
+    ),
+}
+
+
+def keys(name: str) -> list[str]:
+    """The documented keys of one output, in the registry's order."""
+    return list(OUTPUTS[name].keys)
+
+
+def markdown() -> str:
+    """The reference page: one table per output."""
+    lines = [
+        "# JSON output",
+        "",
+        "<!-- Generated by `python -m ringtree.json_keys` from ringtree/json_keys.py: edit that file. -->",
+        "",
+        "Every command that takes `--json FILE` (calibrate: `--out FILE`) writes one key per quantity.",
+        "A list's items are shown as `list[].key`, a nested object's keys as `object.key`.",
+    ]
+    for name, out in OUTPUTS.items():
+        lines += ["", f"## {name}", "", f"`{out.command}`: {out.shape}", "", "| key | meaning |", "|---|---|"]
+        lines += [f"| `{k}` | {v} |" for k, v in out.keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
