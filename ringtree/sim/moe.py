@@ -11,6 +11,13 @@ backward pass of MoE dispatch is actually a combine", DeepEP), each rank sending
 h 16-bit values; the allgather dispatcher (Megatron-Core's default) all-gathers every rank's tokens
 over the EP x ETP group and reduce-scatters the outputs. The busiest rank receives
 `Training.expert_load` x the mean (balanced routing, as the published benchmarks force it, is 1).
+
+Megatron-Core's `alltoall` dispatcher copies each MoE layer's token counts to the host and waits for
+them before its forward all-to-all ("A synchronization is needed before expert parallel AlltoAll
+communication to get the `input_splits` and `output_splits` CPU values", token_dispatcher.py): the
+GPU's queue drains and it idles until the host has launched the exchange (`host_sync_s`). The `flex`
+dispatcher (DeepEP, HybridEP) sizes its exchange on the GPU and pays no such wait; the backward's
+exchanges reuse the forward's counts.
 """
 
 from __future__ import annotations
@@ -21,6 +28,11 @@ from ringtree.sim.layout import Training
 from ringtree.sim.transformer import Transformer
 
 ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
+# the host's work between the alltoall dispatcher's wait and the all-to-all reaching the GPU, in eager
+# PyTorch ops of about 20 us each (our estimate, not fitted): the counts' copy and wait, the splits'
+# .tolist(), the output buffer, the all-to-all's launch
+HOST_OPS = 4
+HOST_OP_S = 20e-6
 
 
 def routed_tokens(model: Transformer, run: Training) -> float:
@@ -51,6 +63,12 @@ def mlp_s(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float]:
             f, b = fp8.linear_s(tokens, n, k, gpu, run.dtype, run.fp8_recipe)
             forward, backward = forward + f, backward + b
     return forward, backward
+
+
+def host_sync_s(run: Training) -> float:
+    """The GPU's idle time per MoE layer forward under the alltoall dispatcher's host synchronisation;
+    0 for the allgather and flex dispatchers, which size their exchanges on the GPU."""
+    return HOST_OPS * HOST_OP_S if run.moe_dispatcher == "alltoall" and run.ep > 1 else 0.0
 
 
 def dispatch_bytes(model: Transformer, run: Training) -> int:
