@@ -91,7 +91,7 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "etp": _option(int, "Expert tensor-parallel degree (default 1).", LAYOUT),
     "moe_dispatcher": _option(
         str,
-        "MoE token dispatcher: alltoall (default, host-synced), allgather or flex (DeepEP/HybridEP).",
+        "MoE token dispatcher: alltoall (default), allgather or flex (DeepEP/HybridEP, priced as alltoall).",
         LAYOUT,
     ),
     "expert_imbalance": _option(

@@ -12,12 +12,15 @@ h 16-bit values; the allgather dispatcher (Megatron-Core's default) all-gathers 
 over the EP x ETP group and reduce-scatters the outputs. The busiest rank receives
 `Training.expert_load` x the mean (balanced routing, as the published benchmarks force it, is 1).
 
-Megatron-Core's `alltoall` dispatcher copies each MoE layer's token counts to the host and waits for
-them before its forward all-to-all ("A synchronization is needed before expert parallel AlltoAll
-communication to get the `input_splits` and `output_splits` CPU values", token_dispatcher.py): the
-GPU's queue drains and it idles until the host has launched the exchange (`host_sync_s`). The `flex`
-dispatcher (DeepEP, HybridEP) sizes its exchange on the GPU and pays no such wait; the backward's
-exchanges reuse the forward's counts.
+In dropless training every dispatcher of these stacks waits for the host once per MoE layer forward
+(`host_sync_s`): Megatron-Core's `alltoall` copies the token counts to the host before its
+all-to-all ("A synchronization is needed before expert parallel AlltoAll communication to get the
+`input_splits` and `output_splits` CPU values", token_dispatcher.py), its `flex` dispatcher's
+HybridEP "sizes buffers dynamically (CPU sync in dispatch)" and DeepEP's normal kernels wait for the
+received counts, the grouped GEMM takes its per-expert rows as a host list (`tokens_per_expert.tolist()`,
+experts.py), torchtitan copies its splits with `.tolist()`. The GPU's queue drains and it idles until
+the host has launched the next kernel; the backward reuses the forward's counts. NVIDIA's later fused,
+"sync-free" MoE kernels keep the counts on the GPU; they are not priced.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from ringtree.sim.layout import Training
 from ringtree.sim.transformer import Transformer
 
 ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
-# the host's work between the alltoall dispatcher's wait and the all-to-all reaching the GPU, in eager
+# the host's work between the wait for the token counts and the next kernel reaching the GPU, in eager
 # PyTorch ops of about 20 us each (our estimate, not fitted): the counts' copy and wait, the splits'
-# .tolist(), the output buffer, the all-to-all's launch
+# .tolist(), the output buffer, the exchange's launch
 HOST_OPS = 4
 HOST_OP_S = 20e-6
 
@@ -65,10 +68,10 @@ def mlp_s(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float]:
     return forward, backward
 
 
-def host_sync_s(run: Training) -> float:
-    """The GPU's idle time per MoE layer forward under the alltoall dispatcher's host synchronisation;
-    0 for the allgather and flex dispatchers, which size their exchanges on the GPU."""
-    return HOST_OPS * HOST_OP_S if run.moe_dispatcher == "alltoall" and run.ep > 1 else 0.0
+def host_sync_s() -> float:
+    """The GPU's idle time per MoE layer forward while the host waits for the token counts and launches
+    the next kernel (the same for every dispatcher in dropless training)."""
+    return HOST_OPS * HOST_OP_S
 
 
 def dispatch_bytes(model: Transformer, run: Training) -> int:

@@ -230,8 +230,8 @@ class StepWork:
     etp_bytes: int = 0
     ep_dispatcher: str = "alltoall"
     ep_windows: tuple[float, ...] = ()
-    # the alltoall dispatcher's host synchronisations per micro-batch (ringtree.sim.moe.host_sync_s):
-    # the GPU idle, nothing hides it
+    # the MoE layers' host synchronisations per micro-batch (ringtree.sim.moe.host_sync_s): the GPU
+    # idle, nothing hides it
     ep_sync_s: float = 0.0
     # this device's expert gradients (its experts' share), reduced over the expert-data-parallel group
     # of `expert_dp` ranks ep x etp apart (Megatron-Core's expert-DP group), in their own buckets
