@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ringtree.parallel.sharded import ShardedDataParallel
-from ringtree.parallel.shards import FlatBucket
+from ringtree.parallel.shards import FlatBucket, local
 from ringtree.train.checkpoint import CheckpointError
 
 RECORD = "ringtree.json"
@@ -105,10 +105,10 @@ def _state(
     for piece in pieces(sdp, names):
         cut = slice(piece.lo, piece.lo + piece.length)
         key = f"{piece.name}/{piece.start}"
-        state[f"param/{key}"] = piece.bucket.shard.detach()[cut].cpu().clone()
+        state[f"param/{key}"] = piece.bucket.local.detach()[cut].cpu().clone()
         for kind, value in optimizer.state.get(piece.bucket.shard, {}).items():
             if isinstance(value, torch.Tensor) and value.shape == piece.bucket.shard.shape:
-                state[f"{kind}/{key}"] = value[cut].cpu().clone()
+                state[f"{kind}/{key}"] = local(value)[cut].cpu().clone()
             elif isinstance(value, torch.Tensor) and value.numel() == 1:
                 state[f"scalar/{kind}"] = value.detach().cpu().clone()  # Adam's step: the same everywhere
     return state
@@ -255,12 +255,13 @@ def restore(
             values = fetch("param", piece.name, piece.start, piece.length)
             if values is None:
                 raise CheckpointError(f"the checkpoint has no values for parameter {piece.name}")
-            piece.bucket.shard[cut] = values
+            piece.bucket.local[cut] = values
+            piece.bucket.version = -1  # the whole parameters are gathered again before use
             state = optimizer.state[piece.bucket.shard]
             for kind in kinds:
                 saved = fetch(kind, piece.name, piece.start, piece.length)
                 if saved is not None:
-                    state.setdefault(kind, torch.zeros_like(piece.bucket.shard))[cut] = saved
+                    local(state.setdefault(kind, torch.zeros_like(piece.bucket.shard)))[cut] = saved
             for kind, value in scalars.items():
                 state[kind] = value.clone()
 
