@@ -5,16 +5,26 @@
 under --zero a torch.distributed.checkpoint folder every rank writes its shard of
 (ringtree.train.sharded_checkpoint). `resume()` loads the newest usable one of either kind into
 whatever layout this run has and returns the step it continues from (None: from the start).
+
+With --checkpoint-async a save copies the state to the host and returns: DCP's async_save (on a
+process group of its own, so its collectives never interleave with training's) or, for a dense
+checkpoint, rank 0's writer thread finishes it while training goes on. The next save, and the
+end of the run, first wait for the one in flight. `waits` holds the seconds the loop waited per
+save (the summary's checkpoint_s). `inspect` and `consolidate` read a checkpoint without a run.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from ringtree.launch import restart_count
 from ringtree.parallel import Mesh
@@ -47,6 +57,12 @@ class Checkpointer:
         self.places = layout.places(net, dense)
         self.layout = {"world_size": dist.get_world_size(), "dp": mesh.dp, "tp": mesh.tp, "pp": mesh.pp}
         self.layout["zero"] = cfg.zero
+        self.waits: list[float] = []
+        self.pending: Future[Any] | None = None
+        asynchronous = bool(cfg.checkpoint_async) and cfg.checkpoint_dir is not None
+        # a group of its own: async_save's collectives run on a thread beside training's
+        self.async_group = dist.new_group(backend="gloo") if asynchronous and parallel.sharded else None
+        self.writer = ThreadPoolExecutor(1, "ringtree-checkpoint") if asynchronous else None
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The dense model's parameters and buffers with their shapes (what a checkpoint must hold)."""
@@ -122,17 +138,43 @@ class Checkpointer:
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
-        """Write the state after `step` optimizer steps (nothing without --checkpoint-dir)."""
-        cfg = self.cfg
-        if cfg.checkpoint_dir is None:
+        """Write the state after `step` optimizer steps (nothing without --checkpoint-dir); the
+        seconds the loop waited for it go to `waits`."""
+        if self.cfg.checkpoint_dir is None:
             return
+        start = time.perf_counter()
+        self.wait()
+        self._save(step)
+        self.waits.append(time.perf_counter() - start)
+
+    def wait(self) -> None:
+        """Wait for the save in flight, if any (its error, if it failed, is raised here)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def finish(self) -> None:
+        """The end of the run: the last save done, on every rank."""
+        self.wait()
+        if self.writer is not None:
+            self.writer.shutdown(wait=True)
+            dist.barrier()
+
+    def checkpoint_s(self, device: torch.device) -> float | None:
+        """The median seconds the loop waited per save, on the slowest rank (collective); None: none."""
+        mine = torch.tensor([statistics.median(self.waits) if self.waits else -1.0], device=device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        return None if mine.item() < 0 else float(mine.item())
+
+    def _save(self, step: int) -> None:
+        cfg = self.cfg
         zero = self.parallel.sharded
         if zero is not None:  # every rank writes its own shard
             own = {id(b) for b in (zero.module.buffers())}
             buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own}
             keep = cfg.get("keep_checkpoints")
-            sharded_checkpoint.save(
-                cfg.checkpoint_dir,
+            self.pending = sharded_checkpoint.save(
+                cfg.checkpoint_dir,  # type: ignore[arg-type]
                 step,
                 self.model_name,
                 zero,
@@ -141,6 +183,7 @@ class Checkpointer:
                 buffers,
                 keep,
                 self.layout,
+                self.async_group,
             )
             return
         self._save_dense(step)
@@ -165,8 +208,14 @@ class Checkpointer:
             }
             if self.amp.scaler is not None:
                 state["scaler"] = self.amp.scaler.state_dict()
-            checkpoint.save(cfg.checkpoint_dir, state, keep=cfg.get("keep_checkpoints"))  # type: ignore[arg-type]
-        dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
+            keep = cfg.get("keep_checkpoints")
+            if self.writer is not None:  # a copy (training changes the tensors), written meanwhile
+                copy = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, state)
+                self.pending = self.writer.submit(checkpoint.save, cfg.checkpoint_dir, copy, keep)  # type: ignore[arg-type]
+                return
+            checkpoint.save(cfg.checkpoint_dir, state, keep=keep)  # type: ignore[arg-type]
+        if self.writer is None:
+            dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
 
     def _owned(self) -> set[int] | None:
         """Indices (in net.parameters()) of the parameters this rank's stage trains; None: all."""

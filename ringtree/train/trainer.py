@@ -285,6 +285,7 @@ class _Run:
                         self.checkpointer.save(self.step)
                 if not cfg.checkpoint_every:
                     self.checkpointer.save(self.step)
+        self.checkpointer.finish()
         return RankResult(self.rank, self._summary(resumed_from), self.recorder.events)
 
     def _steps_per_epoch(self, loader: Iterable[Batch]) -> int:
@@ -509,6 +510,7 @@ class _Run:
             "stragglers": [] if self.stragglers is None else self.stragglers.summary(),
             "skipped_steps": self.amp.skipped_steps,
             "checkpoint_segments": int(segments[0].item()),
+            "checkpoint_s": self.checkpointer.checkpoint_s(self.device),
             "distilled_from": cfg.teacher,
             **memory.fullest_rank_mb(self.model_state_bytes, self._activation_bytes(), self.device),
         }
