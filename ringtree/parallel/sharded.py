@@ -28,7 +28,7 @@ Index names: b bucket, i parameter within a bucket, r this rank's index in the g
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -45,8 +45,8 @@ from ringtree.parallel.buckets import MB, assign
 from ringtree.parallel.ddp import SyncStats, SyncSwitch, _union
 from ringtree.parallel.guard import guard_whole_parameters
 from ringtree.parallel.launcher import Span
-from ringtree.parallel.mismatch import check_keys
 from ringtree.parallel.replicas import broadcast_state
+from ringtree.parallel.shard_state import ShardStateDicts
 from ringtree.parallel.shards import FlatBucket, flatten, local
 
 ZERO_STAGES = (1, 2, 3)
@@ -58,7 +58,7 @@ def zero_algorithms() -> list[str]:
     return [a for a in comm.algorithms("reduce_scatter") if a in gather]
 
 
-class ShardedDataParallel(SyncSwitch, nn.Module):
+class ShardedDataParallel(SyncSwitch, ShardStateDicts):
     """ZeRO stage `zero` (1, 2 or 3) over `process_group`; step `parameters()` with any optimizer.
 
     ```python
@@ -125,49 +125,6 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
     def shard_parameters(self) -> list[nn.Parameter]:
         """This rank's flat shards, one per bucket: what the optimizer steps (= `parameters()`)."""
         return [b.shard for b in self.buckets]
-
-    def named_parameters(
-        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
-    ) -> Iterator[tuple[str, nn.Parameter]]:
-        """The shards, named `shards.<bucket>`: what an optimizer built on `parameters()` steps."""
-        dot = f"{prefix}." if prefix else ""
-        for b in self.buckets:
-            yield f"{dot}shards.{b.index}", b.shard
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
-        """This rank's shards (DTensors) and the module's buffers: what this layout saves and loads."""
-        out: dict[str, Any] = {n: p.detach() for n, p in self.named_parameters()}
-        return out | {n: b.detach() for n, b in self.module.named_buffers()}
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """Load what `state_dict()` gave (the same layout); for another layout, `load_full_state_dict`."""
-        expected = self.state_dict()
-        check_keys(expected, state_dict)
-        with torch.no_grad():
-            for name, value in expected.items():
-                local(value).copy_(local(state_dict[name]))
-        for b in self.buckets:
-            b.version = -1  # whole parameters out of date: gathered again before use
-        return None
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The wrapped module's dense state_dict, gathered from every rank (collective)."""
-        self.gather_parameters()
-        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-
-    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Cut a dense state_dict of the wrapped module into this rank's shards (no communication)."""
-        check_keys(self.module.state_dict(), state)
-        with torch.no_grad():
-            for b in self.buckets:
-                flat = torch.zeros(b.full.numel(), dtype=b.full.dtype)
-                for name, p, off in zip(b.names, b.params, b.offsets, strict=True):
-                    flat[off : off + p.numel()] = state[name].reshape(-1)
-                b.local.copy_(flat[b.block])
-                b.version = -1
-            owned = dict(self.module.named_buffers())
-            for name, buffer in owned.items():
-                buffer.copy_(state[name])
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if torch.is_grad_enabled():

@@ -66,7 +66,8 @@ class Checkpointer:
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The dense model's parameters and buffers with their shapes (what a checkpoint must hold)."""
-        return dict(self.dense) | {n: tuple(b.shape) for n, b in self.net.named_buffers()}
+        buffers = tensor_parallel.persistent_buffers(self.net)
+        return dict(self.dense) | {n: tuple(b.shape) for n, b in buffers.items()}
 
     @property
     def directory(self) -> Path | None:
@@ -171,7 +172,8 @@ class Checkpointer:
         zero = self.parallel.sharded
         if zero is not None:  # every rank writes its own shard
             own = {id(b) for b in (zero.module.buffers())}
-            buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own}
+            kept = tensor_parallel.persistent_buffers(self.net)  # not those a model recomputes
+            buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own and n in kept}
             keep = cfg.get("keep_checkpoints")
             self.pending = sharded_checkpoint.save(
                 cfg.checkpoint_dir,  # type: ignore[arg-type]

@@ -66,7 +66,13 @@ def model_state(net: nn.Module, dense: list[tuple[str, tuple[int, ...]]]) -> dic
     out = {
         name: _gather(p, cut) for (name, _), p, cut in zip(dense, params, parameter_cuts(net), strict=True)
     }
-    return out | {n: b.detach() for n, b in net.named_buffers()}
+    return out | persistent_buffers(net)
+
+
+def persistent_buffers(net: nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers a state_dict holds (not those registered with persistent=False)."""
+    buffers = dict(net.named_buffers())
+    return {k: v.detach() for k, v in net.state_dict().items() if k in buffers}
 
 
 def optimizer_state(
@@ -97,7 +103,7 @@ def load(
     with torch.no_grad():
         for (name, _), p, cut in zip(dense, list(net.parameters()), parameter_cuts(net), strict=True):
             p.copy_(_take(model[name], cut))
-        for n, b in net.named_buffers():
+        for n, b in persistent_buffers(net).items():
             b.copy_(model[n])
     optimizer.load_state_dict(shard_optimizer_state(net, state["optimizer"]))
     dist.barrier()
