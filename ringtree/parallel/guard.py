@@ -35,6 +35,13 @@ def guard_whole_parameters(params: Iterable[nn.Parameter]) -> None:
         _installed = True
 
 
+def unguard(params: Iterable[nn.Parameter]) -> None:
+    """Allow `params` again (the wrapper closed: the whole parameters are the trained ones)."""
+    for p in params:
+        if _whole.get(id(p)) is p:
+            del _whole[id(p)]
+
+
 def _check(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if optimizer in _checked:
         return

@@ -43,7 +43,7 @@ from ringtree import comm
 from ringtree.comm import CollectiveError
 from ringtree.parallel.buckets import MB, assign
 from ringtree.parallel.ddp import SyncStats, SyncSwitch, _union
-from ringtree.parallel.guard import guard_whole_parameters
+from ringtree.parallel.guard import guard_whole_parameters, unguard
 from ringtree.parallel.launcher import Span
 from ringtree.parallel.replicas import broadcast_state
 from ringtree.parallel.shard_state import ShardStateDicts
@@ -176,6 +176,7 @@ class ShardedDataParallel(SyncSwitch, ShardStateDicts):
         self._handles.clear()
         for b in self.buckets:
             b.pinned = True
+            unguard(b.params)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __del__(self) -> None:
