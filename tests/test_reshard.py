@@ -153,3 +153,18 @@ def test_bad_input_exits_2_naming_it_and_writes_nothing(
     out = tmp_path / "dense.pt"
     _refused(["checkpoint", "consolidate", str(ck), str(out)], "__1_0.distcp differs from the one recorded")
     assert not out.exists()
+
+
+def test_a_checkpoint_of_the_earlier_flat_format_is_named_as_such(tmp_path: Path) -> None:
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from ringtree.train import sharded_checkpoint
+    from ringtree.train.checkpoint import CheckpointError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        save({"param/0.weight/0": torch.ones(4)}, checkpoint_id=str(tmp_path), no_dist=True)
+    with pytest.raises(CheckpointError, match="written by an earlier ringtree"):
+        sharded_checkpoint.tensors(tmp_path)

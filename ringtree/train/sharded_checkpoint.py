@@ -324,6 +324,11 @@ def find(
 def tensors(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Every tensor the checkpoint holds: fqn -> (dense shape, dtype)."""
     meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    if any(k.startswith("param/") for k in meta):
+        raise CheckpointError(
+            f"{path} was written by an earlier ringtree, which keyed each rank's flat pieces (param/<name>/"
+            "<start>); resume it with that version, or start fresh in another --checkpoint-dir"
+        )
     return {
         k: (tuple(m.size), m.properties.dtype)
         for k, m in meta.items()
