@@ -17,6 +17,7 @@ from torch import nn
 from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
 from ringtree.parallel.guard import WrongParametersError
+from ringtree.parallel.tensor.plan import parallelize
 
 STEPS, B, CLIP = 4, 4, 0.05
 
@@ -26,18 +27,20 @@ def make_net() -> nn.Module:
     return nn.Sequential(nn.Linear(10, 24), nn.GELU(), nn.Linear(24, 24), nn.GELU(), nn.Linear(24, 3))
 
 
-def script(rank: int, model: nn.Module) -> list[float]:
-    """The example's loop, unchanged whatever wraps the model (each rank its own rows)."""
+def script(rank: int, model: nn.Module, clip: bool = True, shared: bool = False) -> list[float]:
+    """The example's loop, unchanged whatever wraps the model (each rank its own rows; with
+    `shared`, as tensor parallelism reads, every rank the whole batch)."""
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.5)
     g = torch.Generator().manual_seed(3)
     losses = []
     for _ in range(STEPS):
         x, y = torch.randn(2 * B, 10, generator=g), torch.randn(2 * B, 3, generator=g)
-        rows = slice(rank * B, (rank + 1) * B)
+        rows = slice(0, 2 * B) if shared else slice(rank * B, (rank + 1) * B)
         loss = ((model(x[rows]) - y[rows]) ** 2).mean()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         optim.step()
         optim.zero_grad()
         scheduler.step()
@@ -64,6 +67,9 @@ def case(rank: int) -> dict[str, Any]:
         model = ShardedDataParallel(make_net(), zero=zero, bucket_cap_mb=1e-3)
         out[zero] = script(rank, model), model.full_state_dict()
     out[0] = script(rank, DistributedDataParallel(make_net())), None
+    tp = make_net()
+    parallelize(tp, {"0": "colwise", "2": "rowwise"}, None)  # this rank's slices are its parameters
+    out["tp"] = script(rank, tp, clip=False, shared=True), script(rank, make_net(), clip=False, shared=True)
     wrapped = ShardedDataParallel(net := make_net(), zero=3)
     wrong = torch.optim.AdamW(net.parameters())  # the whole parameters: never a gradient
     wrapped(torch.randn(2, 10)).sum().backward()
@@ -88,6 +94,14 @@ def test_the_fsdp2_script_matches_fsdp2(results: list[dict[str, Any]], zero: int
         torchs, ours = torch.tensor(results[r]["fsdp2"][0]), torch.tensor(results[r][zero][0])
         torch.testing.assert_close(ours, torchs, rtol=1e-5, atol=0)
         assert (ours[0] - ours[-1]).abs() > 1e-3  # never a flat loss
+
+
+def test_the_script_trains_a_tensor_parallel_model_as_the_dense_one(results: list[dict[str, Any]]) -> None:
+    """Optimizer and scheduler over the TP model's parameters (torch's clip is left out: over this
+    rank's slices it sees only its part of the norm; see docs/training.md)."""
+    for r in (0, 1):
+        tp, dense = (torch.tensor(losses) for losses in results[r]["tp"])
+        torch.testing.assert_close(tp, dense, rtol=1e-5, atol=1e-7)
 
 
 def test_full_state_dict_is_fsdp2s(results: list[dict[str, Any]]) -> None:
