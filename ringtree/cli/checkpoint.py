@@ -33,7 +33,11 @@ def inspect(
     except CheckpointError as e:
         raise typer.BadParameter(str(e)) from None
     layout = report["layout"] or {}
-    where = " x ".join(f"{k} {v}" for k, v in layout.items()) or "not recorded"
+    dims = " x ".join(f"{k} {layout[k]}" for k in ("dp", "tp", "pp") if k in layout)
+    where = "an unrecorded layout"
+    if layout:
+        n = layout.get("world_size")
+        where = f"{n} rank{'' if n == 1 else 's'} ({dims}, zero {layout.get('zero')})"
     verdict = "verifies" if report["verifies"] else f"does NOT verify: {report['problem']}"
     console.print(
         f"{report['path']}: {report['kind']} checkpoint of {report['model_name']} at step {report['step']}, "

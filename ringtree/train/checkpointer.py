@@ -61,7 +61,7 @@ class Checkpointer:
         self.pending: Future[Any] | None = None
         asynchronous = bool(cfg.checkpoint_async) and cfg.checkpoint_dir is not None
         # a group of its own: async_save's collectives run on a thread beside training's
-        self.async_group = dist.new_group(backend="gloo") if asynchronous and parallel.sharded else None
+        self.async_group = dist.new_group(backend="gloo") if asynchronous and cfg.zero else None
         self.writer = ThreadPoolExecutor(1, "ringtree-checkpoint") if asynchronous else None
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
