@@ -61,11 +61,24 @@ def fsdp2(rank: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
 
 
-def case(rank: int) -> dict[str, Any]:
+def saved_and_loaded(model: ShardedDataParallel, folder: str) -> dict[str, torch.Tensor]:
+    """model.state_dict() through torch.distributed.checkpoint into a fresh wrapper: its dense state."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(model.state_dict(), checkpoint_id=folder)
+    fresh = ShardedDataParallel(make_net(), zero=model.zero, bucket_cap_mb=1e-3)  # untrained
+    state = fresh.state_dict()
+    dcp.load(state, checkpoint_id=folder)
+    fresh.load_state_dict(state)
+    return fresh.full_state_dict()
+
+
+def case(rank: int, folder: str) -> dict[str, Any]:
     out: dict[str, Any] = {"fsdp2": fsdp2(rank)}
     for zero in (1, 2, 3):
         model = ShardedDataParallel(make_net(), zero=zero, bucket_cap_mb=1e-3)
         out[zero] = script(rank, model), model.full_state_dict()
+    out["dcp"] = saved_and_loaded(model, folder)
     out[0] = script(rank, DistributedDataParallel(make_net())), None
     tp = make_net()
     parallelize(tp, {"0": "colwise", "2": "rowwise"}, None)  # this rank's slices are its parameters
@@ -84,8 +97,8 @@ def case(rank: int) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict[str, Any]]:
-    return spawn(case, 2, timeout_s=120)
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return spawn(case, 2, (str(tmp_path_factory.mktemp("habits")),), timeout_s=120)
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
@@ -111,6 +124,12 @@ def test_full_state_dict_is_fsdp2s(results: list[dict[str, Any]]) -> None:
         assert list(ours) == list(torchs)
         for name, value in torchs.items():
             torch.testing.assert_close(ours[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_is_the_shards_and_round_trips_through_dcp(results: list[dict[str, Any]]) -> None:
+    for r in (0, 1):
+        for name, value in results[r][3][1].items():
+            assert torch.equal(results[r]["dcp"][name], value), name
 
 
 def test_an_optimizer_over_the_whole_parameters_is_refused(results: list[dict[str, Any]]) -> None:
