@@ -18,6 +18,11 @@ failed (with the error) so that one broken path does not hide the others:
   all-gather; ring: ringtree's schedule) against ringtree's DDP after two AdamW steps, the model
   state each holds (counted from the tensors) and, on CUDA, ZeRO-3's peak allocation during
   forward + backward against the whole parameters' size (each layer freed after use);
+- moe: an MoE layer (ringtree.parallel.MoE) with its experts split over every rank
+  (ExpertParallel: counts exchange, NCCL all-to-all dispatch and combine), with torch's
+  all_to_all_single (native) and ringtree's (auto), against the whole layer on the whole batch:
+  output and input gradient, ms per forward + backward; on CUDA also the experts' grouped matmul
+  (torch._grouped_mm, bf16) against the per-expert loop;
 - checkpoint: peak memory of a deeper vit's forward + backward with and without activation
   checkpointing (torch.utils.checkpoint, through the vit's checkpoint_segments).
 
@@ -345,6 +350,60 @@ def check_zero(device: torch.device) -> dict[str, Any]:
     return out
 
 
+def check_moe(device: torch.device) -> dict[str, Any]:
+    """EP over every rank against the whole MoE layer; the grouped expert matmul against the loop."""
+    from ringtree.parallel import ExpertParallel, MoE
+    from ringtree.parallel.moe.experts import grouped_mm_available
+
+    p, rank = dist.get_world_size(), dist.get_rank()
+    experts = 8 * p  # whole experts on every rank
+    x = torch.randn(p, 512, 256, generator=torch.Generator().manual_seed(1)).to(device)
+    torch.manual_seed(0)
+    whole = MoE(256, 256, experts, top_k=2).to(device)
+    xw = x.clone().requires_grad_()
+    out_whole = whole(xw.view(-1, 256)).view_as(x)
+    out_whole.square().mean().backward()
+    assert xw.grad is not None
+    result: dict[str, Any] = {}
+    for algorithm in ("native", "auto"):
+        layer = copy.deepcopy(whole).cpu()
+        ExpertParallel(p, algorithm=algorithm).apply(layer)
+        layer.to(device)
+        mine = x[rank].clone().requires_grad_()
+        out = layer(mine)
+        (out.square().mean() / p).backward()
+        assert mine.grad is not None
+        out_error = float((out - out_whole[rank]).abs().max())
+        grad_error = float((mine.grad - xw.grad[rank]).abs().max())
+        seconds = _timed(lambda layer=layer, mine=mine: layer(mine).square().mean().backward(), device)
+        result[algorithm] = {
+            "max_abs_output_error": out_error,
+            "max_abs_input_grad_error": grad_error,
+            "ms_per_forward_backward": seconds * 1e3,
+            "ok": max(out_error, grad_error) < 1e-4,
+        }
+    rows = torch.randn(4096, 256, device=device, dtype=torch.bfloat16)
+    if not grouped_mm_available(rows):
+        result["grouped_mm"] = {"skipped": "needs CUDA, bf16 and torch._grouped_mm", "ok": True}
+        return result
+    experts_module = whole.experts.to(torch.bfloat16)
+    counts = [4096 // experts] * experts
+    grouped = experts_module(rows, counts)
+    experts_module.grouped = False
+    loop = experts_module(rows, counts)
+    error = float((grouped.float() - loop.float()).abs().max() / loop.float().abs().max())
+    loop_s = _timed(lambda: experts_module(rows, counts), device)
+    experts_module.grouped = True
+    grouped_s = _timed(lambda: experts_module(rows, counts), device)
+    result["grouped_mm"] = {
+        "max_rel_error_vs_loop": error,
+        "ms_grouped": grouped_s * 1e3,
+        "ms_loop": loop_s * 1e3,
+        "ok": error < 2e-2,
+    }
+    return result
+
+
 CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "ddp": check_ddp,
     "tp": check_tp,
@@ -353,6 +412,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "h2d": check_h2d,
     "checkpoint": check_checkpoint,
     "zero": check_zero,
+    "moe": check_moe,
 }
 
 

@@ -32,6 +32,7 @@ ROW_KEYS = (
     "ranks_per_node",
     "transport",
     "time_us",
+    "time_s",
     "algbw_gbps",
     "busbw_gbps",
     "wrong",
@@ -42,7 +43,7 @@ ROW_KEYS = (
 class BenchConfig:
     """One sweep: sizes from min_bytes to max_bytes (x step_factor), every algorithm at each size."""
 
-    collective: str = "all_reduce"
+    collective: str = "all_reduce"  # or all-reduce: hyphens are read as underscores
     algorithms: tuple[str, ...] = ()  # empty: every algorithm of the collective
     min_bytes: int = 8
     max_bytes: int = 64 << 20
@@ -56,6 +57,7 @@ class BenchConfig:
     timeout_s: float = comm.DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "collective", self.collective.replace("-", "_"))
         valid = comm.algorithms(self.collective)
         unknown = [a for a in self.algorithms if a not in valid]
         if unknown:
@@ -96,6 +98,7 @@ class Row:
     ranks_per_node: int
     transport: str  # "shm" or "p2p" for ringtree's schedules, the backend's name for native
     time_us: float
+    time_s: float
     algbw_gbps: float
     busbw_gbps: float
     wrong: int
@@ -125,7 +128,7 @@ def busbw_factor(collective: str, p: int) -> float:
     """nccl-tests' bus-bandwidth factor: what each rank's link carries relative to the data size."""
     if collective == "all_reduce":
         return 2 * (p - 1) / p
-    if collective in ("reduce_scatter", "all_gather"):
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
         return (p - 1) / p
     return 1.0
 
@@ -178,6 +181,7 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
                 k,
                 _transport(cfg, algorithm),
                 seconds * 1e6,
+                seconds,
                 algbw,
                 algbw * busbw_factor(cfg.collective, p),
                 wrong,
@@ -202,9 +206,10 @@ def _counts(cfg: BenchConfig, dtype: torch.dtype, p: int) -> list[int]:
 
 
 def _count(collective: str, nbytes: int, dtype: torch.dtype, p: int) -> int:
-    """Elements of the full buffer; reduce-scatter and all-gather round down to a multiple of p."""
+    """Elements of the full buffer; reduce-scatter, all-gather and all-to-all round down to a
+    multiple of p (all-to-all: the per-rank buffer, p equal blocks, as nccl-tests' size column)."""
     count = nbytes // dtype.itemsize
-    return count - count % p if collective in ("reduce_scatter", "all_gather") else count
+    return count - count % p if collective in ("reduce_scatter", "all_gather", "all_to_all") else count
 
 
 class _Case:
@@ -233,6 +238,9 @@ class _Case:
         elif c == "reduce_scatter":
             self.input = self.values(self.rank, self.full)
             self.output = torch.empty(self.n, dtype=self.dtype, device=self.device)
+        elif c == "all_to_all":
+            self.input = self.values(self.rank, self.full)
+            self.output = torch.empty(self.full, dtype=self.dtype, device=self.device)
         else:
             self.input = self.values(self.rank, self.full)
             self.output = self.input
@@ -245,6 +253,8 @@ class _Case:
             comm.reduce_scatter(self.output, self.input, op, a, timeout_s=t, validate=validate)
         elif c == "all_gather":
             comm.all_gather(self.output, self.input, a, timeout_s=t, validate=validate)
+        elif c == "all_to_all":
+            comm.all_to_all_single(self.output, self.input, algorithm=a, timeout_s=t, validate=validate)
         elif c == "broadcast":
             comm.broadcast(self.input, self.cfg.root, a, timeout_s=t, validate=validate)
         else:
@@ -255,6 +265,11 @@ class _Case:
         c, p = self.cfg.collective, self.p
         if c == "all_gather":
             return torch.cat([self.values(r, self.n, r * self.n) for r in range(p)])
+        if c == "all_to_all":  # block i: rank i's block for this rank
+            b = self.full // p
+            return torch.cat(
+                [self.values(r, self.full)[self.rank * b : (self.rank + 1) * b] for r in range(p)]
+            )
         if c == "broadcast":
             return self.values(self.cfg.root, self.full)
         if c == "reduce" and self.rank != self.cfg.root:

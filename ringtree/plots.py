@@ -42,8 +42,10 @@ def plot_bench(rows: list[dict[str, Any]], path: Path, env: dict[str, Any]) -> N
     _save(fig, path)
 
 
-def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: str) -> None:
-    """Predicted all-reduce time against size or ranks, one line per algorithm (log-log)."""
+def plot_sim_sweep(
+    rows: list[dict[str, Any]], x_key: str, path: Path, title: str, collective: str = "all-reduce"
+) -> None:
+    """Predicted collective time against size or ranks, one line per algorithm (log-log)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,7 +60,7 @@ def plot_sim_sweep(rows: list[dict[str, Any]], x_key: str, path: Path, title: st
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("size (bytes)" if x_key == "bytes" else "ranks")
-    ax.set_ylabel("all-reduce time (s)")
+    ax.set_ylabel(f"{collective} time (s)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title(title, fontsize=9)
@@ -241,6 +243,38 @@ def animate_holdings(frames: list[dict[str, Any]], p: int, path: Path, title: st
     path.parent.mkdir(parents=True, exist_ok=True)
     FuncAnimation(fig, draw, frames=len(frames)).save(path, writer=PillowWriter(fps=1))
     plt.close(fig)
+
+
+def plot_all_to_all(frames: list[dict[str, Any]], p: int, path: Path, title: str) -> None:
+    """Small multiples, one per step: which blocks every rank holds (rows: ranks; columns: blocks
+    grouped by destination, coloured by source rank), the blocks received in that step outlined.
+
+    frames: {"title", "held": [[source + 1 or 0 per block] per rank], "received": [(rank, block)]}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Rectangle
+
+    names: list[str] = ["white", *[f"C{i % 10}" for i in range(p)]]
+    colours = ListedColormap(names)
+    fig, axes = plt.subplots(
+        len(frames), 1, figsize=(max(5.0, 0.32 * p * p + 1.5), 0.45 * p * len(frames) + 1.2)
+    )
+    for ax, frame in zip(axes if len(frames) > 1 else [axes], frames, strict=True):
+        ax.imshow(frame["held"], cmap=colours, vmin=0, vmax=p, aspect="auto", interpolation="nearest")
+        for r, k in frame["received"]:
+            ax.add_patch(Rectangle((k - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))
+        for j in range(1, p):
+            ax.axvline(j * p - 0.5, color="grey", lw=0.8)
+        ax.set_xticks([j * p + (p - 1) / 2 for j in range(p)], [f"blocks for rank {j}" for j in range(p)])
+        ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
+        ax.tick_params(labelsize=7, length=0)
+        ax.set_title(frame["title"], fontsize=8, loc="left")
+    fig.suptitle(title + "\ncolour: the block's source rank; outlined: received in this step", fontsize=9)
+    _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> None:

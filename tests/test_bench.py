@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_busbw_factors_follow_nccl_tests() -> None:
     assert busbw_factor("all_reduce", 4) == 1.5
     assert busbw_factor("all_gather", 4) == busbw_factor("reduce_scatter", 4) == 0.75
+    assert busbw_factor("all_to_all", 4) == 0.75
     assert busbw_factor("broadcast", 4) == busbw_factor("reduce", 4) == 1.0
 
 
@@ -47,6 +48,7 @@ def test_bench_writes_rows_plot_and_table(tmp_path: Path) -> None:
     for row in rows:
         assert tuple(row) == ROW_KEYS
         assert row["wrong"] == 0 and row["world_size"] == 3 and row["time_us"] > 0
+        assert row["time_s"] == pytest.approx(row["time_us"] / 1e6)
         if row["bytes"]:
             assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 4 / 3)
     assert png.read_bytes()[:4] == b"\x89PNG"
@@ -59,6 +61,7 @@ def test_bench_writes_rows_plot_and_table(tmp_path: Path) -> None:
         ("reduce_scatter", ["--op", "max"]),
         ("broadcast", ["--root", "1"]),
         ("reduce", ["--dtype", "bfloat16", "--op", "product"]),
+        ("all-to-all", []),
     ],
 )
 def test_bench_other_collectives_check_their_results(
@@ -69,8 +72,9 @@ def test_bench_other_collectives_check_their_results(
     result = CliRunner().invoke(app, [*args, "--iters", "1", "--warmup", "0", *extra, "--json", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
-    assert {r["algorithm"] for r in rows} == set(__import__("ringtree").comm.algorithms(collective))
-    assert all(r["wrong"] == 0 and r["collective"] == collective for r in rows)
+    name = collective.replace("-", "_")
+    assert {r["algorithm"] for r in rows} == set(__import__("ringtree").comm.algorithms(name))
+    assert all(r["wrong"] == 0 and r["collective"] == name for r in rows)
 
 
 def test_bench_rejects_bad_arguments() -> None:
@@ -78,6 +82,8 @@ def test_bench_rejects_bad_arguments() -> None:
     assert result.exit_code == 2 and "butterfly" in result.output
     result = CliRunner().invoke(app, ["bench", "--max-bytes", "lots"])
     assert result.exit_code == 2 and "64M" in result.output
+    result = CliRunner().invoke(app, ["bench", "--collective", "all-to-all", "--algorithms", "ring"])
+    assert result.exit_code == 2 and "unknown all_to_all algorithm(s) ring" in result.output
 
 
 def test_bench_under_torchrun_on_two_nodes(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.train import TrainConfig, Trainer
-from ringtree.train.summary import METRIC_KEYS, PIPELINE_KEYS, THREAD_KEYS
+from ringtree.train.summary import METRIC_KEYS, MOE_KEYS, PIPELINE_KEYS, THREAD_KEYS
 
 
 def test_bench_rows_have_the_documented_keys(tmp_path: Path) -> None:
@@ -45,11 +45,11 @@ def test_the_doctor_report_has_the_documented_keys(tmp_path: Path) -> None:
 def test_the_train_summary_has_the_documented_keys(layout: dict[str, Any]) -> None:
     table = documented("training.md", "train")
     assert len(set(table)) == len(table)
-    assert set(table) == {*METRIC_KEYS, *PIPELINE_KEYS, *THREAD_KEYS, "recipe"}
+    assert set(table) == {*METRIC_KEYS, *PIPELINE_KEYS, *THREAD_KEYS, *MOE_KEYS, "recipe"}
     options = {f.name for f in fields(TrainConfig)}
-    # a measured key stands for its option only where they are one quantity (the mesh's tp and pp,
-    # the segments the stages really checkpointed)
-    assert set(table) & options == {"tp", "pp", "checkpoint_segments"}
+    # a measured key stands for its option only where they are one quantity (the mesh's tp, pp and
+    # cp, the segments the stages really checkpointed, the MoE layers' experts and top-k)
+    assert set(table) & options == {"tp", "pp", "cp", "ep", "experts", "top_k", "checkpoint_segments"}
     if layout.get("pp"):
         return  # a pipeline needs two ranks: its keys are checked above, against summary.py
     data = TensorDataset(__import__("torch").randn(64, 4), __import__("torch").randint(0, 2, (64,)))
@@ -63,6 +63,7 @@ def test_the_train_summary_has_the_documented_keys(layout: dict[str, Any]) -> No
     [
         (["show", "ring", "--ranks", "4"], "collectives.md", "show"),
         (["show", "1f1b", "--stages", "2", "--micro-batches", "2"], "pipeline.md", "show-pipeline"),
+        (["show", "moe-dispatch", "--ranks", "2", "--experts", "4"], "moe.md", "show-moe"),
     ],
 )
 def test_show_json_has_the_documented_keys(tmp_path: Path, args: list[str], page: str, command: str) -> None:

@@ -128,7 +128,8 @@ def test_plan_transformer_cli_json(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert (data["tp"], data["pp"], data["dp"], data["micro_batches"]) == (2, 2, 2, 16)
     assert data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
-    assert set(data["breakdown"]) == {"compute_s", "optimizer_s", "tp_comm_s", "cp_comm_s", "pp_bubble_s",
+    assert set(data["breakdown"]) == {"compute_s", "optimizer_s", "tp_comm_s", "cp_comm_s", "ep_comm_s",
+                                      "pp_bubble_s",
                                       "sync_wait_s", "exposed_dp_s", "exposed_zero_gather_s"}  # fmt: skip
     assert 0 < data["mfu"] < 1 and data["memory"]["fits"]
 

@@ -115,7 +115,7 @@ def test_inspect_names_the_layout_and_every_shard(resumed: tuple[Path, dict[str,
     assert result.exit_code == 0, result.output
     said = json.loads(target.read_text())
     assert said["step"] == out["saved"][0]["steps"] and said["verifies"] is True
-    assert said["layout"] == {"world_size": 4, "dp": 2, "tp": 2, "pp": 1, "zero": 3}
+    assert said["layout"] == {"world_size": 4, "dp": 2, "tp": 2, "pp": 1, "cp": 1, "zero": 3}
     assert len(said["files"]) >= 4 and all(len(f["sha256"]) == 64 for f in said["files"])
 
 

@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # torch loads only when the command runs, so other commands s
 def bench(
     nproc: int = typer.Option(4, help="Local processes to spawn (ignored under torchrun)."),
     collective: str = typer.Option(
-        "all_reduce", help="all_reduce, reduce_scatter, all_gather, broadcast or reduce."
+        "all-reduce",
+        help="all-reduce, reduce-scatter, all-gather, all-to-all, broadcast or reduce "
+        "(underscores work too).",
     ),
     algorithms: str = typer.Option("all", help="Comma-separated algorithm names, or 'all'."),
     min_bytes: str = typer.Option("8", help="Smallest size, e.g. 8, 4K, 64M."),

@@ -33,7 +33,7 @@ def inspect(
     except CheckpointError as e:
         raise typer.BadParameter(str(e)) from None
     layout = report["layout"] or {}
-    dims = " x ".join(f"{k} {layout[k]}" for k in ("dp", "tp", "pp") if k in layout)
+    dims = " x ".join(f"{k} {layout[k]}" for k in ("dp", "tp", "pp", "cp") if k in layout)
     where = "an unrecorded layout"
     if layout:
         n = layout.get("world_size")

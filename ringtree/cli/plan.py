@@ -11,11 +11,13 @@ import typer
 
 from ringtree.cli.app import app
 from ringtree.cli.output import check_output, console, print_table, write_json
+from ringtree.cli.plan_moe import MoeOptions, moe_options, print_transformer
 
 _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
 
 
 @app.command()
+@moe_options
 def plan(
     model: str | None = typer.Option(
         None,
@@ -229,6 +231,7 @@ def plan(
     plot: Path | None = typer.Option(
         None, help="PNG of the speedup from 1 to --nodes nodes.", rich_help_panel="Output"
     ),
+    moe: MoeOptions = MoeOptions(),  # the options of ringtree.cli.plan_moe
 ) -> None:
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
@@ -250,7 +253,8 @@ def plan(
     )  # fmt: skip
     transformer_only = (
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
-    )
+        or bool(moe.given())
+    )  # fmt: skip
     if from_run is not None:
         given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
                  "--measure": measure or None, "--input-shape": input_shape, "--overlap": overlap or None,
@@ -260,7 +264,7 @@ def plan(
                  "--grad-dtype": grad_dtype, "--shape": shape,
                  "--plot": plot, "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
-        named += ["transformer options"] if transformer_only else []
+        named += ["transformer options"] if transformer_only else []  # the MoE options among them
         _refuse(named, "--from-run (the step comes from the run)")
         return _from_run(from_run, links, algorithm, json_path)
     dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
@@ -295,8 +299,8 @@ def plan(
                   "elementwise": elementwise, "grad_dtype": grad_dtype, "cp_comm": cp_comm,
                   "shard_group": shard_group, "recompute_layers": recompute_layers}  # fmt: skip
         return _transformer(
-            model, dims, global_batch, micro_batch or 1, layout, dtype, recompute, overlap, bucket_mb,
-            schedule, links, algorithm, search, json_path, legacy,
+            model, {**dims, **moe.model_dims()}, global_batch, micro_batch or 1, layout, dtype, recompute,
+            overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe,
         )  # fmt: skip
     try:
         count = _param_count(model, params, module)
@@ -626,6 +630,7 @@ def _transformer(
     search: bool,
     json_path: Path | None,
     legacy: dict[str, Any],
+    moe: MoeOptions,
 ) -> None:
     """The transformer model: one layout, or --search over all that fit."""
     from ringtree.sim.layout import CP_COMMS, Training
@@ -662,6 +667,7 @@ def _transformer(
                 chosen,
                 layout["grad_dtype"],
                 layout["cp_comm"],
+                moe.training(dtype),
             )
             rows = found.rows
             if not rows:
@@ -675,11 +681,12 @@ def _transformer(
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
                 layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
                 layout["grad_dtype"], layout["cp_comm"], layout["shard_group"], layout["recompute_layers"],
+                **moe.training(dtype),
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    _print_transformer(rows, shape, cluster, gpu, search)
+    print_transformer(rows, shape, cluster, gpu, search)
     searched = {}
     if search:
         searched = {
@@ -711,49 +718,3 @@ def _shape(model: str | None, dims: dict[str, Any]) -> Any:
             )
         return Transformer(**given)
     return with_dims(base, **given)
-
-
-def _print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, search: bool) -> None:
-    title = (
-        f"ringtree plan: transformer {shape.params / 1e9:.2f}B params (l={shape.layers}, h={shape.hidden}, "
-        f"a={shape.heads}, kv={shape.kv_heads}, F={shape.ffn_hidden} {shape.mlp}, s={shape.seq}, "
-        f"V={shape.vocab}) "
-        f"on {_cluster_title(cluster)}, {gpu.name}"
-    )
-    print_table(
-        title,
-        ["tp", "cp", "pp", "v", "dp", "zero", "sp", "mb", "recompute", "step (s)", "MFU", "TP comm",
-         "CP comm",
-         "PP bubble", "exposed DP", "memory (GiB)"],
-        [
-            [r.tp, r.cp, r.pp, r.virtual_stages, r.dp, r.zero, "yes" if r.sequence_parallel else "no",
-             r.details["training"]["micro_batch"], r.details["training"]["recompute"], f"{r.step_s:.3f}",
-             f"{r.mfu:.1%}", f"{r.tp_comm_s:.3f}", f"{r.cp_comm_s:.3f}", f"{r.pp_bubble_s:.3f}",
-             f"{r.exposed_dp_s:.3f}", f"{r.memory['total_GiB']:.1f}"]
-            for r in rows[: 10 if search else 1]
-        ],
-    )  # fmt: skip
-    best = rows[0]
-    shares = ", ".join(
-        f"{k.removesuffix('_s').replace('_', ' ')} {v / best.step_s:.0%}"
-        for k, v in best.breakdown.items()
-        if v
-    )
-    mem = best.memory
-    console.print(
-        f"where the time goes: {shares}; {best.tflops_per_gpu:.0f} model TFLOP/s per GPU "
-        f"({best.hardware_tflops_per_gpu:.0f} counting recompute); fullest stage {mem['fullest_stage']}: "
-        "weights, "
-        f"gradients and optimizer {mem['weights_grads_optimizer_GiB']:.1f} GiB + activations "
-        f"{mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
-        highlight=False,
-    )
-    if not mem["fits"]:
-        console.print(
-            f"warning: does not fit: pipeline stage {mem['fullest_stage']} needs {mem['total_GiB']:.1f} "
-            f"GiB per GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of a "
-            f"{gpu.name}; "
-            "raise --tp, --pp or --cp, add --zero or --sequence-parallel, use --recompute full, or lower "
-            "--micro-batch",
-            highlight=False,
-        )

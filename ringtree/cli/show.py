@@ -21,11 +21,12 @@ DRAW_TREE_RANKS = 32  # wider trees do not fit a terminal: roles only (and --png
 def show(
     algorithm: str = typer.Argument(
         ...,
-        help="A collective algorithm (ring, double_tree, ...), a pipeline (gpipe, 1f1b, pipedream) "
-        "or a ZeRO step (zero1, zero2, zero3).",
+        help="A collective algorithm (ring, double_tree, ...), an all-to-all (pairwise, bruck, linear, "
+        "hierarchical-a2a), a pipeline (gpipe, 1f1b, pipedream), a ZeRO step (zero1, zero2, zero3) "
+        "or ring-attention (context parallelism).",
     ),
     collective: str | None = typer.Option(
-        None, help="all_reduce (default), reduce_scatter, all_gather, broadcast or reduce."
+        None, help="all_reduce (default), reduce_scatter, all_gather, broadcast, reduce or all_to_all."
     ),
     ranks: int | None = typer.Option(None, help="Ranks (collectives; default 4)."),
     nodes: int | None = typer.Option(None, help="Nodes the ranks are spread over, node by node (default 1)."),
@@ -41,6 +42,7 @@ def show(
     stages: int | None = typer.Option(None, help="Pipeline stages (pipelines; default 4)."),
     micro_batches: int | None = typer.Option(None, help="Micro-batches (pipelines; default 8)."),
     virtual_stages: int | None = typer.Option(None, help="Model chunks per stage (interleaved; default 2)."),
+    experts: int | None = typer.Option(None, help="Experts of an MoE layer (moe-dispatch; default 8)."),
     json_path: Path | None = typer.Option(None, "--json", help='Write {"steps": [...]} here.'),
     png: Path | None = typer.Option(
         None, help="Write a picture here (trees, holdings per step, or the timeline)."
@@ -50,6 +52,9 @@ def show(
     ),
 ) -> None:
     """Show a schedule step by step: per rank what it sends, receives and holds; trees; pipeline timelines."""
+    from ringtree.show import ring_attention
+    from ringtree.show.alltoall import SHOWS as A2A_SHOWS
+    from ringtree.show.moe import MOE_SHOWS
     from ringtree.show.pipeline import PIPELINES
     from ringtree.show.zero import ZERO_SHOWS
 
@@ -57,7 +62,19 @@ def show(
         check_output(path, option)
     try:
         _check_outputs(png, animate)
-        if algorithm in ZERO_SHOWS:
+        if algorithm not in MOE_SHOWS and experts is not None:
+            raise ValueError(f"--experts does not apply to {algorithm}; leave it out")
+        if algorithm == ring_attention.NAME:
+            _refuse("ring attention", collective=collective, nodes=nodes, bytes=nbytes, root=root, link=link,
+                    intra=intra, stages=stages, micro_batches=micro_batches, virtual_stages=virtual_stages,
+                    animate=animate)  # fmt: skip
+            _show_ring_attention(4 if ranks is None else ranks, json_path, png)
+        elif algorithm in MOE_SHOWS:
+            _refuse("moe-dispatch", collective=collective, nodes=nodes, bytes=nbytes, root=root, link=link,
+                    intra=intra, stages=stages, micro_batches=micro_batches, virtual_stages=virtual_stages,
+                    animate=animate)  # fmt: skip
+            _show_moe(4 if ranks is None else ranks, 8 if experts is None else experts, json_path, png)
+        elif algorithm in ZERO_SHOWS:
             _refuse("a ZeRO step", collective=collective, nodes=nodes, bytes=nbytes, root=root, link=link,
                     intra=intra, stages=stages, micro_batches=micro_batches, animate=animate)  # fmt: skip
             _show_zero(int(algorithm[-1]), 4 if ranks is None else ranks, json_path, png)
@@ -76,6 +93,14 @@ def show(
                 json_path,
                 png,
             )
+        elif algorithm in A2A_SHOWS or (collective or "").replace("-", "_") == "all_to_all":
+            if collective is not None and collective.replace("-", "_") != "all_to_all":
+                raise ValueError(
+                    f"{algorithm} is an all-to-all algorithm, not {collective}; drop --collective"
+                )
+            _refuse("an all-to-all", root=root, stages=stages, micro_batches=micro_batches,
+                    virtual_stages=virtual_stages, animate=animate)  # fmt: skip
+            _show_all_to_all(algorithm, ranks, nodes, nbytes, (link or "eth-10g", intra), json_path, png)
         else:
             _refuse("a collective", stages=stages, micro_batches=micro_batches, virtual_stages=virtual_stages)
             _show_collective(
@@ -85,6 +110,92 @@ def show(
             )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+
+
+def _show_all_to_all(
+    name: str,
+    ranks: int | None,
+    nodes: int | None,
+    nbytes: str | None,
+    links: tuple[str, str | None],
+    json_path: Path | None,
+    png: Path | None,
+) -> None:
+    """Who sends which block to whom at each step, what each rank holds, and the alpha-beta cost."""
+    from ringtree.show import alltoall as a2a
+    from ringtree.show.cost import make_cluster
+    from ringtree.show.text import seconds, size
+    from ringtree.units import parse_size
+
+    names = {**a2a.SHOWS, "hierarchical": "hierarchical"}
+    if name not in names:
+        raise ValueError(f"unknown all_to_all algorithm {name!r}; choose one of {', '.join(a2a.SHOWS)}")
+    algorithm, p, n = names[name], 4 if ranks is None else ranks, nodes or 1
+    if not 1 <= p <= 64:
+        raise ValueError(f"--ranks {p}: show an all-to-all on 1 to 64 ranks")
+    if png is not None and p > FULL_RANKS:
+        raise ValueError(f"--png draws every block: give --ranks {FULL_RANKS} or fewer (got {p})")
+    total = parse_size(nbytes or "4M")
+    if total < 4 * p:
+        raise ValueError(f"--bytes {nbytes} is too small to show: give at least 4 bytes per rank and block")
+    w = a2a.walk(algorithm, p, total, n)
+    charges = a2a.cost(w, make_cluster(p, n, *links))
+    where = f"{n} nodes of {p // n}" if n > 1 else "1 node"
+    console.print(
+        f"ringtree show {name} (all_to_all): {p} ranks on {where}, {size(total)} of float32 per rank "
+        f"in {p} blocks of {size(total // 4 // p * 4)}",
+        highlight=False,
+    )
+    shown = _shown_ranks(p)
+    table = Table(show_lines=True)
+    table.add_column("step", justify="right")
+    for r in shown:
+        table.add_column(f"rank {r}", overflow="fold")
+    for t, step in enumerate(w.steps):
+        cells = ["\n".join([*a2a.moves_text(step[r]), "holds " + a2a.holds_text(step[r], p)]) for r in shown]
+        table.add_row(str(t), *cells)
+    console.print(table)
+    console.print(
+        "→r: i→j ...: send rank r blocks i→j (rank i's block for rank j) in one message; ←r: receive them; "
+        "holds: the sources whose block for this rank it has, and blocks it still has to pass on",
+        highlight=False,
+    )
+    console.print(
+        f"\nsteps: {w.schedule.num_steps}   checked: every block reaches its destination, each rank "
+        "receives it once (ringtree.schedules.verify)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    total_s = sum(c.seconds for c in charges)
+    console.print(
+        f"cost (alpha-beta): textbook T = {a2a.TEXTBOOK[algorithm]}", highlight=False, soft_wrap=True
+    )
+    terms = " + ".join(
+        f"{c.messages}·α + {size(c.nbytes)}·β ({c.link.name}: α = {seconds(c.link.alpha_s)}, "
+        f"β = 1/({c.link.bandwidth_Bps / 1e9:.3g} GB/s))"
+        for c in charges
+    )
+    console.print(f"  this schedule T = {terms or '0'} = {seconds(total_s)}", highlight=False, soft_wrap=True)
+    if json_path is not None:
+        doc = {
+            "collective": "all_to_all",
+            "algorithm": algorithm,
+            "ranks": p,
+            "nodes": n,
+            "bytes": total,
+            "itemsize": w.itemsize,
+            "alpha_beta_s": total_s,
+            "textbook": a2a.TEXTBOOK[algorithm],
+            "steps": a2a.to_json(w),
+        }
+        write_json(json_path, doc)
+        console.print(f"wrote {json_path}", highlight=False)
+    if png is not None:
+        from ringtree.plots import plot_all_to_all
+
+        title = f"{name} all-to-all: {p} ranks on {where}"
+        plot_all_to_all(a2a.frames(w), p, png, title)
+        console.print(f"wrote {png}", highlight=False)
 
 
 def _show_zero(zero: int, p: int, json_path: Path | None, png: Path | None) -> None:
@@ -120,6 +231,75 @@ def _show_zero(zero: int, p: int, json_path: Path | None, png: Path | None) -> N
         console.print(f"wrote {json_path}", highlight=False)
     if png is not None:
         plot_zero(steps, zero, p, png)
+        console.print(f"wrote {png}", highlight=False)
+
+
+def _show_moe(p: int, experts: int, json_path: Path | None, png: Path | None) -> None:
+    """One MoE layer's dispatch over p expert-parallel ranks: the tokens, counts and all-to-alls."""
+    from ringtree.show.moe import TOKENS, TOP_K, dispatch_steps, plot_dispatch
+
+    if not 1 <= p <= 16:
+        raise ValueError(f"--ranks {p}: show the dispatch on 1 to 16 ranks")
+    if experts < 1:
+        raise ValueError(f"--experts must be at least 1, got {experts}")
+    steps = dispatch_steps(p, experts)
+    console.print(
+        f"ringtree show moe-dispatch: one MoE layer on {p} expert-parallel ranks, {experts} experts "
+        f"(rank r holds the {experts // p} from e{experts // p}r), {TOKENS} tokens a rank (rRtT: rank R's "
+        f"token T), top-{TOP_K}",
+        highlight=False,
+    )
+    table = Table(show_lines=True)
+    for name in ("step", "action", "communication", *[f"rank {r}" for r in _shown_ranks(p)]):
+        table.add_column(name, overflow="fold")
+    for k, s in enumerate(steps):
+        table.add_row(str(k), s.action, s.comm or "-", *[s.ranks[r] for r in _shown_ranks(p)])
+    console.print(table)
+    if json_path is not None:
+        rows = [
+            {"action": s.action, "communication": s.comm, "ranks": s.ranks, "sends": s.sends} for s in steps
+        ]
+        write_json(
+            json_path, {"ranks": p, "experts": experts, "tokens": TOKENS, "top_k": TOP_K, "steps": rows}
+        )
+        console.print(f"wrote {json_path}", highlight=False)
+    if png is not None:
+        plot_dispatch(steps, p, experts, str(png))
+        console.print(f"wrote {png}", highlight=False)
+
+
+def _show_ring_attention(p: int, json_path: Path | None, png: Path | None) -> None:
+    """Which K/V block each context-parallel rank holds at each step; the blocks computed and skipped."""
+    from ringtree.schedules.ring_attention import chunks, ring_steps
+    from ringtree.show.ring_attention import cell, communication, plot_ring_attention, report
+
+    if not 1 <= p <= 64:
+        raise ValueError(f"--ranks {p}: show ring attention on 1 to 64 ranks")
+    shown = _shown_ranks(p)
+    held = "; ".join(f"rank {r}: {','.join(map(str, chunks(r, p, True)))}" for r in shown)
+    console.print(
+        f"ringtree show ring-attention: causal attention over {2 * p} chunks of a sequence on {p} "
+        f"context-parallel ranks, head-tail (rank r holds chunks r and {2 * p - 1}-r: {held})",
+        highlight=False,
+    )
+    table = Table(show_lines=True)
+    for name in ("step", "communication", *[f"rank {r}" for r in shown]):
+        table.add_column(name, overflow="fold")
+    for k, row in enumerate(ring_steps(p)):
+        table.add_row(str(k), communication(k, p), *[cell(row[r], p, True) for r in shown])
+    console.print(table)
+    data = report(p)
+    console.print(
+        f"qi-kj: query chunk i against key chunk j, whole (full), with the causal mask, or skipped (its "
+        f"keys all follow its queries). Work per rank (chunk products; causal = 1/2): {data['work'][0]:g} "
+        f"on every rank. Backward: the same {p - 1} K/V shifts and {p} dK/dV shifts riding with them.",
+        highlight=False,
+    )
+    if json_path is not None:
+        write_json(json_path, data)
+        console.print(f"wrote {json_path}", highlight=False)
+    if png is not None:
+        plot_ring_attention(p, png)
         console.print(f"wrote {png}", highlight=False)
 
 

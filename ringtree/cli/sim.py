@@ -13,16 +13,22 @@ from ringtree.cli.output import check_output, print_table, write_json
 from ringtree.units import format_size, parse_size
 
 SWEEPS = ("sizes", "nodes")
+COLLECTIVES = ("all-reduce", "all-to-all")
 DEFAULT_CALIBRATION = Path("machine.json")
-# Replaying more ranks than this takes minutes (millions of messages): refused with a hint.
-REPLAY_MAX_RANKS = 1024
+# Replaying more ranks than this takes minutes (millions of messages): refused with a hint. An
+# all-to-all's schedule has p^2 blocks, so it is refused sooner.
+REPLAY_MAX_RANKS = {"all-reduce": 1024, "all-to-all": 256}
 
 from ringtree.cli import plan as _plan  # noqa: E402, F401  (registers `ringtree plan`)
 
 
 @app.command()
 def sim(
-    algorithm: str = typer.Option("ring", help="All-reduce algorithm(s), comma-separated, or 'all'."),
+    algorithm: str | None = typer.Option(
+        None,
+        help="Algorithm(s), comma-separated, or 'all' (default: ring for all-reduce, native for all-to-all).",
+    ),
+    collective: str = typer.Option("all-reduce", help="all-reduce or all-to-all."),
     nodes: int = typer.Option(1, help="Nodes (the largest count with --sweep nodes)."),
     gpus_per_node: int | None = typer.Option(None, help="Devices per node (default 8, or the --cluster's)."),
     intra: str | None = typer.Option(None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'."),
@@ -33,8 +39,12 @@ def sim(
     cluster_name: str | None = typer.Option(
         None, "--cluster", help="A cluster preset (dgx-a100, p4d.24xlarge, eth-10g, ...); links override it."
     ),
-    nbytes: str = typer.Option("64M", "--bytes", help="All-reduce size, e.g. 8, 4K, 64M."),
-    method: str = typer.Option("auto", help="closed-form, replay, or auto (replay up to 64 ranks)."),
+    nbytes: str = typer.Option(
+        "64M", "--bytes", help="Size, e.g. 8, 4K, 64M (all-to-all: the per-rank buffer, as nccl-tests)."
+    ),
+    method: str = typer.Option(
+        "auto", help="closed-form, replay, or auto (replay up to 64 ranks, 32 for all-to-all)."
+    ),
     calibration: Path | None = typer.Option(None, help="A `ringtree calibrate` file for unnamed links."),
     sweep: str | None = typer.Option(
         None, help="'sizes' (--min-bytes..--max-bytes) or 'nodes' (1..--nodes)."
@@ -46,43 +56,72 @@ def sim(
         None, help="Write a PNG of the sweep here (needs --sweep; no picture unless asked)."
     ),
 ) -> None:
-    """Predict all-reduce time on a modelled cluster; --sweep over sizes or node counts.
+    """Predict all-reduce or all-to-all time on a modelled cluster; --sweep over sizes or node counts.
 
     `native` on a GPU cluster (NVLink or PCIe intra link, or an nccl-tests calibration) is NCCL:
-    the table shows the algorithm and protocol NCCL's cost model picks, and where the pick changes.
+    for an all-reduce the table shows the algorithm and protocol NCCL's cost model picks, and where
+    the pick changes; an all-to-all is NCCL's grouped point-to-point (NVLink, PXN across nodes).
     """
-    from ringtree.sim import ALGORITHMS, allreduce_time
-
     try:
-        algorithms = list(ALGORITHMS) if algorithm == "all" else [a.strip() for a in algorithm.split(",")]
+        estimate = _estimator(collective)
+        algorithms = _algorithms(collective, algorithm)
         base = _cluster(cluster_name, nodes, gpus_per_node, intra, inter, calibration, nics_per_node)
         points = _points(sweep, nodes, parse_size(nbytes), parse_size(min_bytes), parse_size(max_bytes))
         ranks = max(n for n, _ in points) * base.gpus_per_node
-        if method == "replay" and ranks > REPLAY_MAX_RANKS:
+        if method == "replay" and ranks > REPLAY_MAX_RANKS[collective]:
             raise ValueError(
                 f"--method replay of {ranks} ranks would take minutes "
-                f"(at most {REPLAY_MAX_RANKS}); use --method auto or closed-form instead"
+                f"(at most {REPLAY_MAX_RANKS[collective]} for {collective}); "
+                "use --method auto or closed-form instead"
             )
         path = _plot_path(sweep, plot)
         check_output(json_path, "--json")
         check_output(path, "--plot")
         rows = [
-            _row(allreduce_time(a, base.with_nodes(n), size, method), base.with_nodes(n), size)
+            _row(estimate(a, base.with_nodes(n), size, method), base.with_nodes(n), size, collective)
             for n, size in points
             for a in algorithms
         ]
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    _print_rows(rows, base)
-    if "native" in algorithms:
+    _print_rows(rows, base, collective)
+    if "native" in algorithms and collective == "all-reduce":
         _print_crossovers(base, sorted({n for n, _ in points}))
     if json_path is not None:
         write_json(json_path, rows)
     if path is not None:
         from ringtree.plots import plot_sim_sweep
 
-        plot_sim_sweep(rows, "ranks" if sweep == "nodes" else "bytes", path, _title(base))
+        plot_sim_sweep(rows, "ranks" if sweep == "nodes" else "bytes", path, _title(base), collective)
         typer.echo(f"wrote {path}")
+
+
+def _estimator(collective: str) -> Any:
+    """The function that prices one collective: (algorithm, cluster, bytes, method) -> Estimate."""
+    if collective == "all-reduce":
+        from ringtree.sim import allreduce_time
+
+        return allreduce_time
+    if collective == "all-to-all":
+        from ringtree.sim.alltoall import alltoall_time
+
+        return alltoall_time
+    raise ValueError(f"unknown --collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+
+
+def _algorithms(collective: str, algorithm: str | None) -> list[str]:
+    """The --algorithm names (checked), 'all' of the collective's, or its default."""
+    if collective == "all-to-all":
+        from ringtree.sim.alltoall import ALGORITHMS, check_algorithm
+    else:
+        from ringtree.sim import ALGORITHMS
+        from ringtree.sim.closed_form import check_algorithm
+    if algorithm is None:
+        return ["ring" if collective == "all-reduce" else "native"]
+    names = list(ALGORITHMS) if algorithm == "all" else [a.strip() for a in algorithm.split(",")]
+    for name in names:
+        check_algorithm(name)
+    return names
 
 
 def _plot_path(sweep: str | None, plot: Path | None) -> Path | None:
@@ -124,10 +163,12 @@ def _points(sweep: str | None, nodes: int, nbytes: int, lo: int, hi: int) -> lis
     raise ValueError(f"unknown --sweep {sweep!r}; choose one of {', '.join(SWEEPS)}")
 
 
-def _row(est: Any, cluster: Any, nbytes: int) -> dict[str, Any]:
+def _row(est: Any, cluster: Any, nbytes: int, collective: str = "all-reduce") -> dict[str, Any]:
     algbw = nbytes / est.seconds / 1e9 if est.seconds > 0 else 0.0
     p = cluster.ranks
+    factor = 2 * (p - 1) / p if collective == "all-reduce" else (p - 1) / p  # nccl-tests' busbw
     row = {
+        "collective": collective,
         "algorithm": est.algorithm,
         "ranks": p,
         "nodes": cluster.nodes,
@@ -136,16 +177,16 @@ def _row(est: Any, cluster: Any, nbytes: int) -> dict[str, Any]:
         "time_s": est.seconds,
         "method": est.method,
         "algbw_gbps": algbw,
-        "busbw_gbps": algbw * 2 * (p - 1) / p,
+        "busbw_gbps": algbw * factor,
     }
     if est.nccl:
         row["nccl_choice"] = est.nccl
     return row
 
 
-def _print_rows(rows: list[dict[str, Any]], cluster: Any) -> None:
+def _print_rows(rows: list[dict[str, Any]], cluster: Any, collective: str = "all-reduce") -> None:
     print_table(
-        f"ringtree sim: all_reduce, {_title(cluster)}",
+        f"ringtree sim: {collective.replace('-', '_')}, {_title(cluster)}",
         ["algorithm", "ranks", "size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "method"],
         [
             [
@@ -190,7 +231,7 @@ def _title(cluster: Any) -> str:
 @app.command()
 def calibrate(
     files: list[Path] = typer.Argument(
-        ..., help="`ringtree bench --json` files and/or nccl-tests all_reduce_perf logs, in any mix."
+        ..., help="`ringtree bench --json` files and/or nccl-tests all_reduce_perf and alltoall_perf logs."
     ),
     out: Path | None = typer.Option(
         None, help="Where to write the fit (default machine.json, if no such file exists)."
@@ -205,7 +246,8 @@ def calibrate(
     """Fit the simulator to measured all-reduce times; use the result with --calibration.
 
     Bench rows fit alpha, beta and gamma of the closed form (an intra- and an inter-node link when
-    rows come from several nodes); nccl-tests logs fit corrections to NCCL's own cost model.
+    rows come from several nodes); nccl-tests logs fit corrections to NCCL's own cost model
+    (alltoall_perf logs: to its all-to-all, grouped point-to-point).
     """
     from ringtree.sim import calibrate as cal
     from ringtree.sim import nccl_fit
@@ -225,7 +267,13 @@ def calibrate(
         nic = parse_link(inter, INTER) if inter else None
         if nic is not None and not nccl_rows:
             raise ValueError("--inter describes the NICs of nccl-tests logs; none was given")
-        nccl = nccl_fit.fit(nccl_rows, nic, nics_per_node) if nccl_rows else None
+        reduce_rows = [r for r in nccl_rows if r["collective"] == "all_reduce"]
+        a2a_rows = [r for r in nccl_rows if r["collective"] == "all_to_all"]
+        if reduce_rows and a2a_rows:
+            nccl_fit.hardware(nccl_rows, nic, nics_per_node)  # refuses logs of two GPU generations
+        nccl = nccl_fit.fit(reduce_rows, nic, nics_per_node) if reduce_rows else None
+        if a2a_rows:
+            nccl = _with_alltoall(nccl, a2a_rows, nic, nics_per_node)
         fitted = cal.fit(bench_rows) if bench_rows else _from_nccl(nccl)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
@@ -237,12 +285,36 @@ def calibrate(
     write_json(target, {**fitted.as_dict(), "source": [str(f) for f in files]})
     if bench_rows:
         _print_bench_fit(fitted, bench_rows, target)
-    if nccl is not None:
+    if nccl is not None and nccl["table"]:
         _print_nccl_fit(nccl, target)
         _print_interpolation(nccl)
+    if nccl is not None and "alltoall" in nccl:
+        _print_alltoall_fit(nccl, target)
 
 
 _FIT_STATS = ("rows", "rms_rel_error", "max_rel_error", "levels")  # a fit's residuals
+
+
+def _with_alltoall(
+    nccl: dict[str, Any] | None, rows: list[dict[str, Any]], nic: Any, nics: int | None
+) -> dict[str, Any]:
+    """The `nccl` section with the all-to-all fit under `alltoall`; from alltoall_perf logs alone,
+    the hardware they ran on with NCCL's uncorrected all-reduce model, and the all-to-all fit's
+    residuals as the section's own."""
+    from dataclasses import asdict
+
+    from ringtree.sim import nccl_fit
+    from ringtree.sim.nccl_system import Corrections, NcclSystem
+
+    if nccl is not None:
+        return {**nccl, "alltoall": nccl_fit.fit_alltoall(rows, NcclSystem(**nccl["system"]))}
+    intra, link, n_nics, system = nccl_fit.hardware(rows, nic, nics)
+    alltoall = nccl_fit.fit_alltoall(rows, system)
+    return {
+        "system": asdict(system), "corrections": asdict(Corrections()), "intra": intra.as_dict(),
+        "inter": link.as_dict(), "nics_per_node": n_nics, "fitted": [], "table": [],
+        **{k: alltoall[k] for k in _FIT_STATS}, "alltoall": alltoall,
+    }  # fmt: skip
 
 
 def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
@@ -270,7 +342,7 @@ def _from_nccl(nccl: Any) -> Any:
         HW_LAT["nvlink"]["ring"][2] * 1e-6 * c["latency_intra"],
         c["transfer_intra"] / intra["bandwidth_Bps"],
         0.0,  # NCCL's model has no separate reduction cost: it is in the measured bandwidth
-        max(int(r["world_size"]) for r in nccl["table"]),
+        max(int(r["world_size"]) for r in nccl["table"] or nccl["alltoall"]["table"]),
         nccl["rows"],
         nccl["rms_rel_error"],
         nccl["max_rel_error"],
@@ -332,6 +404,26 @@ def _print_nccl_fit(nccl: dict[str, Any], out: Path) -> None:
             for r in nccl["table"]
         ],
     )  # fmt: skip
+
+
+def _print_alltoall_fit(nccl: dict[str, Any], out: Path) -> None:
+    fit = nccl["alltoall"]
+    print_table(
+        "ringtree calibrate: NCCL all-to-all model (grouped point-to-point); corrections "
+        + ", ".join(f"{k} x{v:.2f}" for k, v in fit["corrections"].items())
+        + f" ({_residuals_dict(fit['levels'])}) -> {out}",
+        ["log", "ranks", "nodes", "size", "measured (us)", "NCCL model (us)", "fitted (us)", "error %"],
+        [
+            [Path(r["file"]).name, r["world_size"], r["nodes"], format_size(r["bytes"]),
+             f"{r['measured_us']:.1f}", f"{r['nccl_model_us']:.1f}", f"{r['fitted_us']:.1f}",
+             f"{(r['fitted_us'] / r['measured_us'] - 1) * 100:+.1f}"]
+            for r in fit["table"]
+        ],
+    )  # fmt: skip
+    typer.echo(
+        "all-to-all at a node shape these logs hold: read off their rows (log-log between sizes, "
+        "the fitted model's shape beyond them); other shapes: the fitted model"
+    )
 
 
 def _print_interpolation(nccl: dict[str, Any]) -> None:

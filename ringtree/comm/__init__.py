@@ -1,5 +1,6 @@
 """Collectives over torch.distributed: every classic algorithm, one executor."""
 
+from ringtree.comm.alltoall import all_to_all_single, all_to_all_single_autograd
 from ringtree.comm.collectives import (
     DEFAULT_TIMEOUT_S,
     algorithms,
@@ -22,6 +23,8 @@ __all__ = [
     "algorithms",
     "all_gather",
     "all_reduce",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
     "broadcast",
     "comm_hook",
     "reduce",

@@ -1,4 +1,5 @@
-"""The public collectives: all_reduce, reduce_scatter, all_gather, broadcast, reduce.
+"""The public collectives: all_reduce, reduce_scatter, all_gather, broadcast, reduce
+(all_to_all_single: `ringtree.comm.alltoall`).
 
 Each takes `algorithm=` (one of `algorithms(collective)`: "native" is torch.distributed's own,
 every other name is a ringtree schedule run by the executor) and works in place like torch's.
@@ -21,7 +22,7 @@ from ringtree.topology import Topology
 
 DEFAULT_TIMEOUT_S = 60.0
 NATIVE = "native"
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 
 
 def algorithms(collective: str = "all_reduce") -> list[str]:
@@ -178,12 +179,12 @@ class _Call:
         topology: Topology | None,
         timeout_s: float,
         root: int | None = None,
+        valid: list[str] | None = None,
     ) -> None:
-        if algorithm not in algorithms(collective):
-            raise ValueError(
-                f"unknown {collective} algorithm {algorithm!r}; "
-                f"choose one of {', '.join(algorithms(collective))}"
-            )
+        valid = algorithms(collective) if valid is None else valid
+        if algorithm not in valid:
+            names = ", ".join(valid)
+            raise ValueError(f"unknown {collective} algorithm {algorithm!r}; choose one of {names}")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{collective} needs a torch.Tensor, got {type(tensor).__name__}")
         check_op(op, tensor.dtype)
@@ -295,12 +296,12 @@ class _Call:
             if len(set(values)) > 1:
                 raise MismatchError(self._mismatch(name, values))
 
-    def _mismatch(self, name: str, values: list[int]) -> str:
+    def _mismatch(self, name: str, values: list[int], valid: list[str] | None = None) -> str:
         names: dict[str, list[str]] = {
             "collective": list(COLLECTIVES),
             "dtype": [str(d).removeprefix("torch.") for d in DTYPES],
             "op": list(OPS),
-            "algorithm": algorithms(self.collective),
+            "algorithm": algorithms(self.collective) if valid is None else valid,
         }
 
         def decode(v: int) -> str:
@@ -313,6 +314,8 @@ class _Call:
             "every rank must call the same collectives in the same order"
             if name in ("collective", "sequence number")
             else "every rank must pass a tensor of the same size and dtype and the same op and algorithm"
+            if name != "row size"
+            else "every rank must pass blocks of the same row shape (all but dim 0)"
         )
         return (
             f"{self.collective} called with different {name} on different ranks ({per_rank}); "

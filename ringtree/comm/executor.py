@@ -162,7 +162,7 @@ def _batched(
         try:
             works = dist.batch_isend_irecv(p2p)
         except RuntimeError as e:  # posting failed: the peer's connection is already gone
-            raise CollectiveError(_describe(e, None, None, t, len(steps), timeout, what)) from e
+            raise CollectiveError(describe_failure(e, None, None, t, len(steps), timeout, what)) from e
         _wait(works, step, t, len(steps), peers, timeout, what)
         for acc, incoming in reductions:
             combine(acc, incoming)
@@ -198,7 +198,7 @@ def _failure(
 ) -> CollectiveError:
     """The error of a send to or receive from group rank `peer` that failed, posted or waited on."""
     op = Op(OpKind.SEND if sending else OpKind.RECV, peer, 0, 0)
-    return CollectiveError(_describe(e, op, peers[peer], t, n, timeout, what), peer=peers[peer])
+    return CollectiveError(describe_failure(e, op, peers[peer], t, n, timeout, what), peer=peers[peer])
 
 
 def _wait(
@@ -217,10 +217,10 @@ def _wait(
             work.wait(timeout)
         except RuntimeError as e:
             peer = None if op is None else peers[op.peer]
-            raise CollectiveError(_describe(e, op, peer, t, n, timeout, what), peer=peer) from e
+            raise CollectiveError(describe_failure(e, op, peer, t, n, timeout, what), peer=peer) from e
 
 
-def _describe(
+def describe_failure(
     e: RuntimeError, op: Op | None, peer: int | None, t: int, n: int, timeout: timedelta, what: str
 ) -> str:
     rank = dist.get_rank()

@@ -386,7 +386,10 @@ class _Doorbells:
         wait = peers if wait is None else wait
         self.epoch += 1
         for q in peers:
-            os.write(self.outboxes[q], self.token)
+            try:
+                os.write(self.outboxes[q], self.token)
+            except BrokenPipeError:  # nobody reads q's pipe any more: q has exited
+                raise RuntimeError(self._gone([q])) from None
         for q in wait:
             self.expected[q] += 1
         deadline = time.monotonic() + timeout.total_seconds()
@@ -560,12 +563,7 @@ class _Group:
 
     def views(self, plan: _Plan, rank: int, nbytes: int, dtype: torch.dtype, timeout: timedelta) -> _Views:
         """The call's slices of every rank's buffer (collective when the buffers grow)."""
-        if nbytes > self.capacity:
-            size = 1 << max(nbytes - 1, 1).bit_length()
-            self.mapped = _map_all(self.pg, 2 * size, timeout)
-            self.capacity = size
-            self.sliced.clear()
-        half, self.half = self.half, 1 - self.half
+        half = self.next_half(nbytes, timeout)
         key = (id(plan), rank, nbytes, dtype, half)
         have = self.sliced.get(key)
         if have is None or have[0] is not plan:
@@ -575,6 +573,22 @@ class _Group:
             shared = [v[start : start + nbytes].view(dtype) for v in self.mapped]
             have = self.sliced[key] = (plan, _slice(shared, rank, plan))
         return have[1]
+
+    def next_half(self, nbytes: int, timeout: timedelta) -> int:
+        """The half of every rank's buffer this call uses (collective when the buffers grow to
+        `nbytes`); the next call gets the other one."""
+        if nbytes > self.capacity:
+            size = 1 << max(nbytes - 1, 1).bit_length()
+            self.mapped = _map_all(self.pg, 2 * size, timeout)
+            self.capacity = size
+            self.sliced.clear()
+        half, self.half = self.half, 1 - self.half
+        return half
+
+    def regions(self, nbytes: int, timeout: timedelta) -> list[torch.Tensor]:
+        """Every rank's `nbytes` (uint8) of this call's half: for collectives with their own layout."""
+        start = self.next_half(nbytes, timeout) * self.capacity
+        return [v[start : start + nbytes] for v in self.mapped]
 
     def sync(
         self,
@@ -602,6 +616,12 @@ class _Group:
 # stays its own while the entry lives.
 _groups: dict[int, _Group] = {}
 _groups_lock = threading.Lock()
+
+
+def group_state(pg: dist.ProcessGroup, timeout: timedelta) -> _Group:
+    """The group's shared buffers and doorbells, for transports of collectives with their own
+    layout (all-to-all); usable() must have said yes."""
+    return _group(pg, timeout)
 
 
 def _group(pg: dist.ProcessGroup, timeout: timedelta) -> _Group:

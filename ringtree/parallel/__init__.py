@@ -1,8 +1,12 @@
-"""Data, tensor and pipeline parallelism: DDP, ZeRO, the master-rank DP, the mesh, parallel layers."""
+"""Data, tensor, pipeline, context and expert parallelism: DDP, ZeRO, master-rank DP, the mesh,
+parallel layers, the mixture-of-experts layer and its expert parallelism."""
 
+from ringtree.parallel.context import SDPA, ContextParallel
 from ringtree.parallel.ddp import DistributedDataParallel, SyncStats
 from ringtree.parallel.dp import MasterDataParallel
+from ringtree.parallel.expert import ExpertParallel
 from ringtree.parallel.mesh import Mesh, MeshShape
+from ringtree.parallel.moe import MoE
 from ringtree.parallel.sharded import ShardedDataParallel
 from ringtree.parallel.tensor import (
     ColumnParallelLinear,
@@ -13,11 +17,15 @@ from ringtree.parallel.tensor import (
 )
 
 __all__ = [
+    "SDPA",
     "ColumnParallelLinear",
+    "ContextParallel",
     "DistributedDataParallel",
+    "ExpertParallel",
     "MasterDataParallel",
     "Mesh",
     "MeshShape",
+    "MoE",
     "ParallelBlock",
     "ParallelMLP",
     "ParallelSelfAttention",

@@ -37,7 +37,7 @@ from ringtree.comm import shm
 from ringtree.parallel import placement
 from ringtree.parallel.buckets import MB, Allocator, Bucket, build
 from ringtree.parallel.launcher import Launcher, Span, make_launcher
-from ringtree.parallel.replicas import broadcast_state
+from ringtree.parallel.replicas import broadcast_state, replicated
 
 COMPRESSION: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -130,7 +130,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         # the group's first rank is the source (a subgroup, e.g. a mesh's dp_group, may not hold rank 0)
         self._src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         broadcast_state(module, process_group, _broadcast_algorithm(algorithm), timeout_s, src=self._src)
-        self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and replicated(p)]
         self.buckets: list[Bucket] = build(self._named, int(bucket_cap_mb * MB), self._shared_allocator())
         # Ranks on one host share its cores: yield the core at every gradient and every forward,
         # so that ranks progress together and a bucket's ring starts when the last rank is ready

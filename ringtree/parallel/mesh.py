@@ -1,10 +1,13 @@
-"""A process mesh: the world split into tensor-, data- and pipeline-parallel groups.
+"""A process mesh: the world split into tensor-, context-, data- and pipeline-parallel groups.
 
-Ranks are laid out with tp innermost (adjacent ranks, so the same node under torchrun), then pp,
-then dp outermost: rank = dp_rank * (pp * tp) + pp_rank * tp + tp_rank. A tensor-parallel group
-talks on every layer, so it must sit inside one node when the topology has several nodes; the
-stages of one pipeline come next (point-to-point every micro-batch), and the data-parallel
-replicas, which talk once per step, span the nodes.
+Ranks are laid out with tp innermost (adjacent ranks, so the same node under torchrun), then cp,
+then pp, then dp outermost: rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
+(with cp = 1: dp_rank * (pp * tp) + pp_rank * tp + tp_rank). A tensor-parallel group talks on
+every layer, so it must sit inside one node when the topology has several nodes; a context-
+parallel group passes K/V on every attention layer, so it comes next; then the stages of one
+pipeline (point-to-point every micro-batch), and the data-parallel replicas, which talk once per
+step, span the nodes. Gradients of parameters replicated over CP (all of them) are reduced over
+DP x CP together (`dp_cp_groups`), where other dimensions can also fold their ranks.
 """
 
 from __future__ import annotations
@@ -24,46 +27,70 @@ class MeshShape:
     dp: int
     tp: int
     pp: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name, degree in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)):
+        for name, degree in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("cp", self.cp)):
             if degree < 1:
                 raise ValueError(f"{name} must be at least 1, got {name}={degree}")
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def coordinates(self, rank: int) -> tuple[int, int, int]:
-        """(dp_rank, tp_rank, pp_rank) of a global rank."""
-        return rank // (self.pp * self.tp), rank % self.tp, (rank // self.tp) % self.pp
+        """(dp_rank, tp_rank, pp_rank) of a global rank (its cp_rank: `cp_rank`)."""
+        inner = self.tp * self.cp
+        return rank // (self.pp * inner), rank % self.tp, (rank // inner) % self.pp
 
-    def rank_of(self, dp_rank: int, tp_rank: int, pp_rank: int) -> int:
-        return dp_rank * self.pp * self.tp + pp_rank * self.tp + tp_rank
+    def cp_rank(self, rank: int) -> int:
+        """The context-parallel coordinate of a global rank."""
+        return (rank // self.tp) % self.cp
+
+    def rank_of(self, dp_rank: int, tp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
+        return ((dp_rank * self.pp + pp_rank) * self.cp + cp_rank) * self.tp + tp_rank
+
+    def _others(self, *fixed: str) -> list[dict[str, int]]:
+        """Every combination of coordinates of the dimensions not in `fixed` (outermost first)."""
+        ranges = {"pp": self.pp, "dp": self.dp, "tp": self.tp, "cp": self.cp}
+        combos: list[dict[str, int]] = [{}]
+        for name in ("pp", "dp", "tp", "cp"):
+            if name not in fixed:
+                combos = [c | {name: i} for c in combos for i in range(ranges[name])]
+        return combos
+
+    def _group(self, c: dict[str, int]) -> int:
+        return self.rank_of(c.get("dp", 0), c.get("tp", 0), c.get("pp", 0), c.get("cp", 0))
 
     def tp_groups(self) -> list[list[int]]:
-        """Each group of tp adjacent ranks: one per (pp, dp) coordinate."""
-        return [
-            [self.rank_of(d, t, p) for t in range(self.tp)] for p in range(self.pp) for d in range(self.dp)
-        ]
+        """Each group of tp adjacent ranks: one per (pp, dp, cp) coordinate."""
+        return [[self._group(c | {"tp": t}) for t in range(self.tp)] for c in self._others("tp")]
 
     def dp_groups(self) -> list[list[int]]:
-        """Ranks holding the same model shard: one group per (pp, tp) coordinate."""
-        return [
-            [self.rank_of(d, t, p) for d in range(self.dp)] for p in range(self.pp) for t in range(self.tp)
-        ]
+        """Ranks holding the same model shard and tokens: one group per (pp, tp, cp) coordinate."""
+        return [[self._group(c | {"dp": d}) for d in range(self.dp)] for c in self._others("dp")]
 
     def pp_groups(self) -> list[list[int]]:
-        """The stages of one pipeline: one group per (dp, tp) coordinate."""
+        """The stages of one pipeline: one group per (dp, tp, cp) coordinate."""
+        return [[self._group(c | {"pp": p}) for p in range(self.pp)] for c in self._others("pp")]
+
+    def cp_groups(self) -> list[list[int]]:
+        """Ranks splitting the same sequences: one group per (pp, dp, tp) coordinate."""
+        return [[self._group(c | {"cp": k}) for k in range(self.cp)] for c in self._others("cp")]
+
+    def dp_cp_groups(self) -> list[list[int]]:
+        """Ranks holding the same model shard, over which its gradients are reduced: DP x CP."""
         return [
-            [self.rank_of(d, t, p) for p in range(self.pp)] for d in range(self.dp) for t in range(self.tp)
+            sorted(self._group(c | {"dp": d, "cp": k}) for d in range(self.dp) for k in range(self.cp))
+            for c in self._others("dp", "cp")
         ]
 
     def check_topology(self, topology: Topology, allow_cross_node_tp: bool = False) -> None:
         """Raise ValueError unless the mesh fills the topology and (by default) each TP group fits a node."""
         if topology.world_size != self.world_size:
             raise ValueError(
-                f"mesh dp={self.dp} x tp={self.tp} x pp={self.pp} = {self.world_size} ranks but the "
+                f"mesh dp={self.dp} x tp={self.tp} x pp={self.pp}{self._cp_words()} = {self.world_size} "
+                f"ranks but the "
                 f"world has {topology.world_size}; choose degrees whose product is {topology.world_size}"
             )
         if allow_cross_node_tp or topology.nodes == 1:
@@ -75,6 +102,9 @@ class MeshShape:
                 f"link; choose tp in {_divisors(topology.local_world_size)} "
                 f"(or pass allow_cross_node_tp=True)"
             )
+
+    def _cp_words(self) -> str:
+        return f" x cp={self.cp}" if self.cp > 1 else ""
 
 
 class Mesh:
@@ -92,13 +122,14 @@ class Mesh:
         tp: int = 1,
         pp: int = 1,
         *,
+        cp: int = 1,
         topology: Topology | None = None,
         allow_cross_node_tp: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("Mesh needs a process group: call torch.distributed.init_process_group first")
         world = dist.get_world_size()
-        self.shape = MeshShape(_infer_dp(world, tp, pp) if dp is None else dp, tp, pp)
+        self.shape = MeshShape(_infer_dp(world, tp * cp, pp) if dp is None else dp, tp, pp, cp)
         self.topology = topology or Topology(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         self.shape.check_topology(self.topology, allow_cross_node_tp)
         self.rank = dist.get_rank()
@@ -106,6 +137,13 @@ class Mesh:
         self.tp_ranks, self.tp_group = _new_groups(self.shape.tp_groups(), self.rank)
         self.dp_ranks, self.dp_group = _new_groups(self.shape.dp_groups(), self.rank)
         self.pp_ranks, self.pp_group = _new_groups(self.shape.pp_groups(), self.rank)
+        self.cp_rank = self.shape.cp_rank(self.rank)
+        self.cp_ranks: list[int] = [self.rank]
+        self.cp_group: dist.ProcessGroup | None = None  # None without CP (no groups of one made)
+        self.dp_cp_ranks, self.dp_cp_group = self.dp_ranks, self.dp_group
+        if cp > 1:
+            self.cp_ranks, self.cp_group = _new_groups(self.shape.cp_groups(), self.rank)
+            self.dp_cp_ranks, self.dp_cp_group = _new_groups(self.shape.dp_cp_groups(), self.rank)
 
     @property
     def dp(self) -> int:
@@ -118,6 +156,10 @@ class Mesh:
     @property
     def pp(self) -> int:
         return self.shape.pp
+
+    @property
+    def cp(self) -> int:
+        return self.shape.cp
 
     def __repr__(self) -> str:
         return (

@@ -9,6 +9,12 @@ from torch import nn
 from ringtree import comm
 
 
+def replicated(param: torch.Tensor) -> bool:
+    """False for a parameter another module keeps in step (an expert under expert parallelism is
+    marked `allreduce = False`, as in Megatron-Core): data-parallel wrappers leave it alone."""
+    return getattr(param, "allreduce", True) is not False
+
+
 def broadcast_state(
     module: nn.Module,
     group: dist.ProcessGroup | None,
@@ -23,7 +29,7 @@ def broadcast_state(
 
     Tensors are flattened per dtype into one buffer each, so a model costs one broadcast per dtype.
     """
-    tensors: list[torch.Tensor] = [*module.parameters()] if params else []
+    tensors: list[torch.Tensor] = [p for p in module.parameters() if replicated(p)] if params else []
     tensors += [b for b in module.buffers() if b.dtype in comm.DTYPES]
     for dtype in dict.fromkeys(t.dtype for t in tensors):
         group_tensors = [t for t in tensors if t.dtype == dtype]

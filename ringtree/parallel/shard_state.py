@@ -31,10 +31,15 @@ class ShardStateDicts(nn.Module):
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple[str, nn.Parameter]]:
-        """The shards, named `shards.<bucket>`: what an optimizer built on `parameters()` steps."""
+        """The shards, named `shards.<bucket>`, then any trained parameter ZeRO leaves whole (an expert
+        under expert parallelism), under its module's name: what an optimizer on `parameters()` steps."""
         dot = f"{prefix}." if prefix else ""
         for b in self.buckets:
             yield f"{dot}shards.{b.index}", b.shard
+        bucketed = {id(p) for b in self.buckets for p in b.params}
+        for name, p in self.module.named_parameters():
+            if p.requires_grad and id(p) not in bucketed:
+                yield f"{dot}module.{name}", p
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         """This rank's shards (DTensors) and the module's buffers: what this layout saves and loads."""

@@ -45,7 +45,7 @@ from ringtree.parallel.buckets import MB, assign
 from ringtree.parallel.ddp import SyncStats, SyncSwitch, _union
 from ringtree.parallel.guard import guard_whole_parameters, unguard
 from ringtree.parallel.launcher import Span
-from ringtree.parallel.replicas import broadcast_state
+from ringtree.parallel.replicas import broadcast_state, replicated
 from ringtree.parallel.shard_state import ShardStateDicts
 from ringtree.parallel.shards import FlatBucket, flatten, local
 
@@ -95,7 +95,7 @@ class ShardedDataParallel(SyncSwitch, ShardStateDicts):
         src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         spread = "native" if algorithm == "native" else "tree"
         broadcast_state(module, process_group, spread, timeout_s, src=src)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and replicated(p)]
         first = named[0][1].device.type if named else "cpu"
         mesh = DeviceMesh.from_group(process_group or dist.group.WORLD, first)  # type: ignore[arg-type]
         self.buckets = [

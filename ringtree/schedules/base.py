@@ -7,6 +7,7 @@ modelled network. Both read the same `Schedule`, so what is simulated is what ru
 Conventions (used the same way in every generator):
   p        world size; r a rank; t a global step index
   count    elements in the flat buffer; a chunk is the element range [start, stop)
+           (all-to-all: the buffer is the block matrix every rank addresses alike)
   bounds   a list of p+1 (or m+1) offsets cutting the buffer into blocks
 Every step is global: step t of rank a and step t of rank b happen "together", and every
 send at step t has its matching receive at step t. All operations of one step are posted
@@ -52,6 +53,9 @@ class Schedule:
     world_size: int
     count: int
     steps: tuple[tuple[Step, ...], ...]
+    # all_to_all only: the p*p + 1 offsets of the block matrix (block (i, j) of rank i's input
+    # for rank j at index i*p + j); `count` is then the matrix's total (see schedules.alltoall)
+    blocks: tuple[int, ...] = ()
 
     @property
     def num_steps(self) -> int:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from ringtree.schedules import alltoall
 from ringtree.schedules.base import Builder, Schedule, split
 from ringtree.schedules.halving_doubling import (
     doubling_all_gather,
@@ -32,7 +33,7 @@ from ringtree.schedules.tree import (
 )
 from ringtree.topology import Topology
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 
 # Pipelined trees and chains cut each buffer into chunks of about this size. Every chunk is one
 # message and one executor step, so smaller chunks shorten the pipeline's fill time but pay the
@@ -52,6 +53,9 @@ class Request:
     count: int
     itemsize: int = 4
     root: int = 0
+    # all_to_all: p*p element counts, splits[i*p + j] from rank i to rank j (count: their
+    # total); empty: every rank cuts its `count` elements into p near-equal blocks
+    splits: tuple[int, ...] = ()
 
     @property
     def ranks(self) -> list[int]:
@@ -60,6 +64,10 @@ class Request:
     @property
     def p(self) -> int:
         return self.topology.world_size
+
+    def blocks(self) -> alltoall.Blocks:
+        """The all-to-all block matrix of this request."""
+        return alltoall.Blocks(self.p, self.splits or alltoall.equal_splits(self.p, self.count))
 
     def pipeline_bounds(self, start: int, stop: int) -> list[int]:
         nbytes = (stop - start) * self.itemsize
@@ -118,6 +126,12 @@ GENERATORS: dict[str, dict[str, Generator]] = {
         "tree": lambda b, q: tree_reduce(b, rooted_tree(q.p, q.root), q.pipeline_bounds(0, q.count)),
         "ps": lambda b, q: gather_to(b, q.ranks, q.root, 0, q.count, reduce=True),
     },
+    "all_to_all": {
+        "pairwise": lambda b, q: alltoall.pairwise(b, q.blocks()),
+        "bruck": lambda b, q: alltoall.bruck(b, q.blocks()),
+        "linear": lambda b, q: alltoall.linear(b, q.blocks()),
+        "hierarchical": lambda b, q: alltoall.hierarchical(b, q.blocks(), q.topology),
+    },
 }
 
 
@@ -143,8 +157,13 @@ def build(q: Request) -> Schedule:
         )
     if q.count < 0:
         raise ValueError(f"count must be >= 0, got {q.count}")
+    if q.splits and q.count != sum(q.splits):
+        raise ValueError(f"an all_to_all request's count must be its splits' total {sum(q.splits)}")
     if not 0 <= q.root < q.p:
         raise ValueError(f"root {q.root} is not a rank of a world of {q.p}")
     b = Builder(q.p)
     table[q.algorithm](b, q)
-    return b.build(q.algorithm, q.collective, q.count)
+    if q.collective != "all_to_all":
+        return b.build(q.algorithm, q.collective, q.count)
+    bounds = tuple(q.blocks().bounds)
+    return replace(b.build(q.algorithm, q.collective, bounds[-1]), blocks=bounds)

@@ -2,8 +2,9 @@
 
 The dry run tracks, for every segment of every rank's buffer, the set of ranks whose input it
 contains (a bitmask). It proves a schedule deadlock-free (every send meets its receive in the
-same step) and correct (each contribution reduced exactly once, every rank ends with what the
-collective promises), without torch or processes.
+same step) and correct (each contribution reduced exactly once, every all-to-all block received
+by a rank at most once, every rank ends with what the collective promises), without torch or
+processes.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def initial_state(s: Schedule, root: int) -> list[list[tuple[int, int, int]]]:
     p, n = s.world_size, s.count
     blocks = split(0, n, p)
     everyone = [[(0, n, 1 << r)] for r in range(p)]
+    if s.collective == "all_to_all":  # rank r holds row r of the block matrix: its input
+        return [[(s.blocks[r * p + j], s.blocks[r * p + j + 1], 1 << r) for j in range(p)] for r in range(p)]
     if s.collective == "all_gather":
         return [[(blocks[r], blocks[r + 1], 1 << r)] for r in range(p)]
     if s.collective == "broadcast":
@@ -61,6 +64,8 @@ def expected_state(s: Schedule, root: int) -> list[list[tuple[int, int, int]]]:
     p, n = s.world_size, s.count
     full = (1 << p) - 1
     blocks = split(0, n, p)
+    if s.collective == "all_to_all":  # rank r ends with column r: block i from rank i
+        return [[(s.blocks[i * p + r], s.blocks[i * p + r + 1], 1 << i) for i in range(p)] for r in range(p)]
     if s.collective == "all_reduce":
         return [[(0, n, full)] for _ in range(p)]
     if s.collective == "reduce_scatter":
@@ -91,7 +96,10 @@ def dry_run(s: Schedule, root: int = 0) -> None:
         for r in range(s.world_size):
             for op in s.steps[r][t]:
                 if op.kind is not OpKind.SEND:
-                    _receive(state[r], cuts, op, payload[(op.peer, r, op.start, op.stop)], r, t)
+                    data = payload[(op.peer, r, op.start, op.stop)]
+                    if s.collective == "all_to_all":
+                        _deliver_once(state[r], cuts, op, r, t)
+                    _receive(state[r], cuts, op, data, r, t)
     for r, want in enumerate(expected_state(s, root)):
         for start, stop, mask in want:
             got = set(state[r][_i(cuts, start) : _i(cuts, stop)])
@@ -110,6 +118,12 @@ def _receive(mine: list[int], cuts: list[int], op: Op, data: list[int], r: int, 
             raise ScheduleError(f"step {t}: rank {r} reduces {op} twice or into nothing")
         else:
             mine[lo + j] |= incoming
+
+
+def _deliver_once(mine: list[int], cuts: list[int], op: Op, r: int, t: int) -> None:
+    """All-to-all moves every block to a rank at most once: a second copy is wasted traffic."""
+    if any(mine[_i(cuts, op.start) : _i(cuts, op.stop)]):
+        raise ScheduleError(f"step {t}: rank {r} receives {op}, a block it already holds")
 
 
 def _paint(row: list[int], cuts: list[int], held: list[tuple[int, int, int]]) -> None:

@@ -23,10 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringtree.sim.eager import ELEMENTWISE
+from ringtree.sim.fp8 import RECIPES
 from ringtree.sim.plan import Layout
 from ringtree.sim.transformer import RECOMPUTE, Transformer
 
 ATTENTION_KERNELS = ("fused", "flash2")
+DISPATCHERS = ("alltoall", "allgather")  # Megatron-Core's --moe-token-dispatcher-type
 CP_COMMS = ("p2p", "all-gather")  # Megatron-Core's cp_comm_type "p2p" and "all_gather"
 GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -69,12 +71,24 @@ class Training:
     # with recompute "full": the layers of each model chunk that recompute, the rest keep their
     # activations (Megatron's --recompute-method block --recompute-num-layers); 0: all of them
     recompute_layers: int = 0
+    # expert parallelism (ringtree.sim.moe): EP ranks share an MoE layer's experts, each expert's
+    # matrices split over ETP ranks; the expert mesh ETP x EP x expert-DP folds over TP x CP x DP
+    ep: int = 1
+    etp: int = 1
+    moe_dispatcher: str = "alltoall"
+    expert_imbalance: float = 1.0  # the busiest rank's routed tokens over the mean
+    capacity_factor: float = 0.0  # tokens an expert takes, over the mean, the rest dropped; 0: dropless
+    # the dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
+    # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe); False: on the critical path
+    moe_overlap: bool = False
+    # --dtype fp8: how the linear layers' matmuls scale their FP8 operands (ringtree.sim.fp8)
+    fp8_recipe: str = "delayed"
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"unknown --recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
-        if self.dtype not in ("fp16", "bf16"):
-            raise ValueError(f"unknown --dtype {self.dtype!r}; choose fp16 or bf16")
+        if self.dtype not in ("fp16", "bf16", "fp8"):
+            raise ValueError(f"unknown --dtype {self.dtype!r}; choose fp16, bf16 or fp8")
         if min(self.global_batch, self.micro_batch, self.tp, self.pp, self.cp, self.virtual_stages) < 1:
             raise ValueError(
                 "--global-batch, --micro-batch, --tp, --pp, --cp and --virtual-stages must be at least 1"
@@ -93,11 +107,12 @@ class Training:
             raise ValueError(f"unknown --elementwise {self.elementwise!r}; choose {' or '.join(ELEMENTWISE)}")
         if self.grad_dtype is not None and self.grad_dtype not in GRAD_DTYPES:
             raise ValueError(f"unknown --grad-dtype {self.grad_dtype!r}; choose fp32, bf16 or fp16")
-        if self.grad_dtype in ("bf16", "fp16") and self.grad_dtype != self.dtype:
+        if self.grad_dtype in ("bf16", "fp16") and self.grad_dtype != self.compute_dtype:
             raise ValueError(
                 f"--grad-dtype {self.grad_dtype} does not match --dtype {self.dtype}: 16-bit gradients "
-                f"take the training dtype; choose --grad-dtype {self.dtype} or fp32"
+                f"take the training dtype; choose --grad-dtype {self.compute_dtype} or fp32"
             )
+        self._check_moe()
         if self.cp_comm not in CP_COMMS:
             raise ValueError(f"unknown --cp-comm {self.cp_comm!r}; choose {' or '.join(CP_COMMS)}")
         if self.cp_comm != "p2p" and self.cp == 1:
@@ -123,10 +138,39 @@ class Training:
                 "(schedule 1f1b) or drop it"
             )
 
+    def _check_moe(self) -> None:
+        if min(self.ep, self.etp) < 1:
+            raise ValueError(f"--ep and --etp must be at least 1, got {self.ep} and {self.etp}")
+        if self.moe_dispatcher not in DISPATCHERS:
+            raise ValueError(
+                f"unknown --moe-dispatcher {self.moe_dispatcher!r}; choose alltoall or allgather"
+            )
+        if self.expert_imbalance < 1.0:
+            raise ValueError(
+                f"--expert-imbalance is the busiest expert's tokens over the mean: at least 1, got "
+                f"{self.expert_imbalance}"
+            )
+        if self.capacity_factor and self.capacity_factor < 1.0:
+            raise ValueError(
+                f"--capacity-factor must be at least 1 (or 0: dropless), got {self.capacity_factor}"
+            )
+        if self.fp8_recipe not in RECIPES:
+            raise ValueError(f"unknown --fp8-recipe {self.fp8_recipe!r}; choose one of {', '.join(RECIPES)}")
+
+    @property
+    def compute_dtype(self) -> str:
+        """The 16-bit dtype of everything FP8 does not cover (attention, output layer, activations)."""
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    @property
+    def expert_load(self) -> float:
+        """The busiest rank's routed tokens over the mean: the imbalance, capped by the capacity."""
+        return min(self.expert_imbalance, self.capacity_factor or self.expert_imbalance)
+
     @property
     def gradients(self) -> str:
-        """The gradient dtype, the default resolved: fp32 under bf16, fp16 under fp16."""
-        return self.grad_dtype or ("fp32" if self.dtype == "bf16" else "fp16")
+        """The gradient dtype, the default resolved: fp32 under bf16 (and fp8), fp16 under fp16."""
+        return self.grad_dtype or ("fp16" if self.dtype == "fp16" else "fp32")
 
     @property
     def grad_itemsize(self) -> int:
@@ -196,6 +240,7 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
             f"--shard-group {run.shard_group} must divide the data-parallel degree {dp}; choose a divisor "
             "of it (one node's data-parallel ranks is HSDP's usual choice)"
         )
+    _check_experts(model, run, dp)
     m = run.micro_batches(dp)
     if v > 1 and m % p:
         raise ValueError(
@@ -203,3 +248,33 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
             "change --global-batch or --micro-batch"
         )
     return dp
+
+
+def _check_experts(model: Transformer, run: Training, dp: int) -> None:
+    """EP and ETP divide what they split: the experts, the expert's width, and the TP x CP x DP ranks
+    the expert mesh folds over (Megatron-Core's parallel folding; torchtitan: "expert_parallel_degree
+    must divide dp_shard * cp * tp")."""
+    e, x = run.ep, run.etp
+    if (e > 1 or x > 1) and not model.experts:
+        raise ValueError(
+            f"--ep {e} and --etp {x} split the experts of MoE layers: add --experts or drop them"
+        )
+    if not model.experts:
+        return
+    if run.recompute in ("op", "dots"):
+        raise ValueError(
+            f"--recompute {run.recompute} is modelled for dense layers; choose none, selective or full "
+            "for an MoE model"
+        )
+    if model.experts % e:
+        raise ValueError(f"--ep {e} must divide --experts {model.experts}; choose a divisor of it")
+    if model.moe_ffn_hidden % x:
+        raise ValueError(
+            f"--etp {x} must divide --moe-ffn-hidden {model.moe_ffn_hidden}; choose a divisor of it"
+        )
+    folded = dp * run.cp * run.tp
+    if folded % (e * x):
+        raise ValueError(
+            f"--ep {e} x --etp {x} must divide the {folded} ranks of a pipeline stage (dp {dp} x cp {run.cp} "
+            f"x tp {run.tp}) the expert mesh folds over; change --ep, --etp or the GPU count"
+        )

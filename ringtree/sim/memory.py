@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ringtree.sim import fp8, moe
 from ringtree.sim.clusters import GPU
 from ringtree.sim.layout import Training
 from ringtree.sim.transformer import Transformer
@@ -41,8 +42,11 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12  # GRAD_BYTES: ZeRO-3's (se
 GiB = 1 << 30
 
 
-def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str | None = None) -> float:
-    """One layer's stored activations for one micro-batch on one rank."""
+def activation_bytes_per_layer(
+    model: Transformer, run: Training, recompute: str | None = None, moe_layer: bool = False
+) -> float:
+    """One layer's stored activations for one micro-batch on one rank (an MoE layer's MLP part:
+    `ringtree.sim.moe.activation_bytes`)."""
     t, c = run.tp, run.cp
     sbh = model.seq // c * run.micro_batch * model.hidden
     shared = sbh / t if run.sequence_parallel else float(sbh)
@@ -56,7 +60,10 @@ def activation_bytes_per_layer(model: Transformer, run: Training, recompute: str
     if not run.flash_attention and (recompute or run.recompute) == "none":  # softmax (and dropout)
         scores = 5 if model.dropout else 2
         attention += scores * model.heads * model.seq * model.seq // c * run.micro_batch / t
-    mlp = (6 if model.mlp == "swiglu" else 4) * sbh * model.ffn_hidden / model.hidden / t
+    if moe_layer:
+        mlp = moe.activation_bytes(model, run)
+    else:
+        mlp = (6 if model.mlp == "swiglu" else 4) * sbh * model.ffn_hidden / model.hidden / t
     return (10 if model.dropout else 8) * shared + attention + mlp
 
 
@@ -93,6 +100,13 @@ def in_flight(run: Training, m: int, j: int) -> float:
     return min(m * v, 2 * (p - j - 1) + (v - 1) * p + 1) / v
 
 
+def expert_shards(run: Training, dp: int) -> int:
+    """The ranks ZeRO shards the experts' states over: the expert-data-parallel group, the stage's
+    dp x cp x tp ranks over EP x ETP (Megatron-Core's expert-DP group; torchtitan's FSDP over
+    dp_shard x cp x tp / EP for the experts)."""
+    return max(1, dp * run.cp * run.tp // (run.ep * run.etp))
+
+
 def states_bytes(params: float, run: Training, shard: int) -> float:
     """Weights, gradients and optimizer states of `params` parameters under the run's ZeRO stage."""
     z = run.zero
@@ -121,19 +135,40 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
     tokens = model.seq // run.cp * run.micro_batch
     layer = activation_bytes_per_layer(model, run)
     kept = activation_bytes_per_layer(model, run, "none")
+    moe_kept = activation_bytes_per_layer(model, run, "none", True) if model.experts else kept
     out = []
+    start = 0
     for j, n in enumerate(stage_layers(model.layers, p)):
-        params = n * model.layer_params
+        params, experts = model.layers_params(start, n)
+        mo = model.moe_layers_in(start, n)
+        start += n
         params += model.embedding_params if j == 0 else 0
         last = model.logit_params or (model.vocab * model.hidden if p > 1 else 0)  # tied: a copy
         params += last if j == p - 1 else 0
         states = states_bytes(params / t, run, shard)
+        states += states_bytes(experts / (run.ep * run.etp), run, expert_shards(run, dp))
+        states += fp8.weight_bytes(run.dtype, run.fp8_recipe) * (params / t + experts / (run.ep * run.etp))
         if run.zero >= 3:
-            states += 2 * WEIGHT_BYTES * model.layer_params / t  # the gathered layer and the prefetched one
+            layer_params = model.layer_params / t
+            if mo:  # an MoE layer's: its dense part over TP, its experts over EP x ETP
+                moe_params = model.moe_dense_weights + model.small_params
+                layer_params = max(layer_params, moe_params / t + model.expert_weights / (run.ep * run.etp))
+            states += 2 * WEIGHT_BYTES * layer_params  # the gathered layer and the prefetched one
         redo = run.mode_layers(n)
-        acts = in_flight(run, m, j) * (redo * layer + (n - redo) * kept)
+        if mo:  # per layer, averaged over the stage's dense and MoE layers
+            moe_layer = activation_bytes_per_layer(model, run, None, True)
+            acts = (
+                in_flight(run, m, j)
+                / n
+                * (
+                    redo * ((n - mo) * layer + mo * moe_layer)
+                    + (n - redo) * ((n - mo) * kept + mo * moe_kept)
+                )
+            )
+        else:
+            acts = in_flight(run, m, j) * (redo * layer + (n - redo) * kept)
         if run.recompute in ("full", "op", "dots") and redo:
-            acts += kept  # the layer being rebuilt
+            acts += max(kept, moe_kept) if mo else kept  # the layer being rebuilt
         if j == p - 1:  # the logits and their gradient, fp32 for the loss
             acts += 4 * tokens * model.vocab / t
         out.append(Stage(states, acts))

@@ -1,20 +1,24 @@
-"""Fitting NCCL's cost model to nccl-tests logs: per-level corrections of latency and transfer time.
+"""Fitting NCCL's cost models to nccl-tests logs: per-level corrections of latency and transfer time.
 
 For each logged size NCCL's own model picks an algorithm and protocol (as NCCL does, uncorrected);
 the pick's time splits into an intra-node latency, an inter-node latency and a transfer term,
 so the measured time is linear in the four `Corrections`: t = terms . c. The fit is least squares
 on relative error with c >= 0. One-node logs fit the intra pair; multi-node logs the inter pair
-(with the intra pair from one-node logs when there are some, else NCCL's figures).
+(with the intra pair from one-node logs when there are some, else NCCL's figures). alltoall_perf
+logs fit the same four corrections to NCCL's all-to-all model (`nccl_alltoall`) on their own
+(`fit_alltoall`), and their rows are kept: at a node shape they hold, `sim` and `plan` read the
+all-to-all time off them.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from ringtree.sim import nccl_model
+from ringtree.sim import nccl_alltoall, nccl_model
 from ringtree.sim.calibrate import LevelFit, level_fits, nonnegative_lstsq
 from ringtree.sim.hardware import Link
 from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
@@ -103,9 +107,69 @@ def fit(rows: list[dict[str, Any]], inter: Link | None = None, nics: int | None 
     }  # fmt: skip
 
 
+def fit_alltoall(rows: list[dict[str, Any]], system: NcclSystem) -> dict[str, Any]:
+    """Corrections of NCCL's all-to-all model fitted to alltoall_perf rows, with the rows themselves:
+    the `alltoall` part of a calibration file's `nccl` section."""
+    priced = [
+        nccl_alltoall.price(system, int(r["world_size"]), int(r["nodes"]), int(r["bytes"])) for r in rows
+    ]
+    terms = np.array([q.terms() for q in priced])
+    measured = np.array([float(r["time_us"]) for r in rows])
+    multi = [int(r["nodes"]) > 1 for r in rows]
+    free = [j for j in range(len(PARAMS)) if bool(terms[:, j].any())]
+    if all(multi):
+        free = [j for j in free if PARAMS[j] != "latency_intra"]  # NCCL's figure without 1-node logs
+    sizes = {int(r["bytes"]) for r in rows}
+    if len(rows) < len(free) or len(sizes) < 2:
+        raise ValueError(
+            f"{len(rows)} alltoall_perf row(s) of {len(sizes)} size(s) cannot fit {len(free)} corrections "
+            f"({', '.join(PARAMS[j] for j in free)}): give a log of at least {len(free)} sizes "
+            "(e.g. alltoall_perf -b 1M -e 1G -f 2)"
+        )
+    c = np.ones(4)
+    fixed = terms @ c - terms[:, free] @ c[free]
+    c[free] = nonnegative_lstsq(terms[:, free] / measured[:, None], 1.0 - fixed / measured)
+    if not any(c[j] > 0 for j in free if PARAMS[j].startswith("transfer")):
+        raise ValueError("the fit found no all-to-all transfer cost: the logs are all latency-bound; "
+                         "include sizes of at least 64 MiB")  # fmt: skip
+    corrections = Corrections(*(float(x) for x in c))
+    fitted = np.array([q.time_us(corrections) for q in priced])
+    rel = fitted / measured - 1.0
+    return {
+        "corrections": asdict(corrections),
+        "rows": len(rows),
+        "fitted": [PARAMS[j] for j in free],
+        "rms_rel_error": float(np.sqrt(np.mean(rel**2))),
+        "max_rel_error": float(np.abs(rel).max()),
+        "levels": {k: v.__dict__ for k, v in level_fits(rel, multi).items()},
+        "table": [
+            {
+                "file": r["file"], "world_size": r["world_size"], "nodes": r["nodes"], "bytes": r["bytes"],
+                "measured_us": m, "nccl_model_us": q.time_us(Corrections()), "fitted_us": float(f),
+            }
+            for r, m, q, f in zip(rows, measured, priced, fitted, strict=True)
+        ],
+    }  # fmt: skip
+
+
 def tuning(section: dict[str, Any]) -> NcclTuning:
-    """The NcclTuning of a calibration file's `nccl` section."""
-    return NcclTuning(NcclSystem(**section["system"]), Corrections(**section["corrections"]))
+    """The NcclTuning of a calibration file's `nccl` section (with its all-to-all fit, if any)."""
+    system = NcclSystem(**section["system"])
+    alltoall = section.get("alltoall")
+    if not alltoall:
+        return NcclTuning(system, Corrections(**section["corrections"]))
+    return NcclTuning(
+        system, Corrections(**section["corrections"]), Corrections(**alltoall["corrections"]), _rows(alltoall)
+    )
+
+
+def _rows(alltoall: dict[str, Any]) -> tuple[tuple[int, int, int, float], ...]:
+    """(nodes, ranks per node, bytes, seconds) of the logged all-to-alls, the median of repeated sizes."""
+    groups: dict[tuple[int, int, int], list[float]] = {}
+    for r in alltoall["table"]:
+        nodes, p = int(r["nodes"]), int(r["world_size"])
+        groups.setdefault((nodes, p // nodes, int(r["bytes"])), []).append(float(r["measured_us"]) * 1e-6)
+    return tuple((*key, statistics.median(v)) for key, v in sorted(groups.items()))
 
 
 def links(section: dict[str, Any]) -> tuple[Link, Link, int]:

@@ -46,7 +46,11 @@ class Corrections:
 
 @dataclass(frozen=True)
 class NcclTuning:
-    """A system and the corrections fitted to it (all 1.0 when uncalibrated)."""
+    """A system and the corrections fitted to it, per collective (all 1.0 when uncalibrated)."""
 
     system: NcclSystem
     corrections: Corrections = field(default_factory=Corrections)
+    # the same four factors for all-to-all (`ringtree.sim.nccl_alltoall`), fitted to alltoall_perf logs
+    alltoall: Corrections = field(default_factory=Corrections)
+    # the logs' all-to-all times, (nodes, ranks per node, bytes, seconds): read off at their shape
+    alltoall_rows: tuple[tuple[int, int, int, float], ...] = ()

@@ -1,11 +1,13 @@
-"""Reading the standard output of nccl-tests' all_reduce_perf: sizes, times and the rank layout.
+"""Reading the standard output of nccl-tests' all_reduce_perf and alltoall_perf: sizes, times, the layout.
 
 The layout comes from the `Using devices` block (one `Rank r ... on HOST device d` line per rank,
 with or without a leading `#` and a `Group` column); the table's columns from its header line,
 so that old logs (`size count type time algbw busbw error ...`) and new ones (with `redop`,
 `root` and `#wrong`) read alike. `NCCL_DEBUG=INFO` lines between rows, and the header and device
 block repeated by several mpirun ranks, are skipped. A log holds one run per table; a table that
-does not end with nccl-tests' `# Avg bus bandwidth` line was cut short and is refused.
+does not end with nccl-tests' `# Avg bus bandwidth` line was cut short and is refused. An
+alltoall_perf table is known by its `# Collective test starting: alltoall_perf` line (its rows
+look like all_gather_perf's, so a table without that line and without a reduction is refused).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ _RANK = re.compile(
 _COLLECTIVE = re.compile(r"Collective test starting:\s*(\S+)")
 _NCCL_LOG = re.compile(r"\bNCCL (INFO|WARN|TRACE)\b")
 _END = "Avg bus bandwidth"
+# nccl-tests program -> the collective its rows measure (`measurements()`' "collective")
+PROGRAMS = {"all_reduce_perf": "all_reduce", "alltoall_perf": "all_to_all"}
 
 
 class NcclTestsError(ValueError):
@@ -38,17 +42,19 @@ class NcclRow:
     dtype: str
     out_of_place_us: float
     in_place_us: float
+    redop: str = "sum"
 
 
 @dataclass
 class NcclRun:
-    """One all_reduce_perf table with the rank layout it ran on."""
+    """One all_reduce_perf or alltoall_perf table with the rank layout it ran on."""
 
     path: str
     line: int  # where the table starts
     hosts: dict[int, str] = field(default_factory=dict)  # rank -> host name
     gpu: str = ""
     rows: list[NcclRow] = field(default_factory=list)
+    collective: str = "all_reduce"
 
     @property
     def world_size(self) -> int:
@@ -68,7 +74,7 @@ class NcclRun:
             {
                 "source": "nccl-tests",
                 "file": self.path,
-                "collective": "all_reduce",
+                "collective": self.collective,
                 "algorithm": "native",
                 "bytes": r.nbytes,
                 "count": r.count,
@@ -104,16 +110,19 @@ def parse_text(text: str, name: str) -> list[NcclRun]:
     gpu = ""
     columns: list[str] | None = None
     run: NcclRun | None = None
+    program = ""
     for i, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or _NCCL_LOG.search(line):
             continue
         collective = _COLLECTIVE.search(line)
-        if collective and collective.group(1) != "all_reduce_perf":
-            raise NcclTestsError(
-                f"{name}: line {i}: this is {collective.group(1)} output; "
-                "calibrate reads all_reduce_perf logs"
-            )
+        if collective:
+            program = collective.group(1).removesuffix("_mpi")
+            if program not in PROGRAMS:
+                raise NcclTestsError(
+                    f"{name}: line {i}: this is {collective.group(1)} output; "
+                    f"calibrate reads {' and '.join(PROGRAMS)} logs"
+                )
         rank = _RANK.match(line)
         if rank:
             if run is not None and run.rows:  # a new run's device block after a finished table
@@ -131,8 +140,9 @@ def parse_text(text: str, name: str) -> list[NcclRun]:
         if line.lstrip("# ").startswith(_END):
             if run is None or not run.rows:
                 raise NcclTestsError(f"{name}: line {i}: a bandwidth summary without a table before it")
+            run.collective = _collective(run, program, name, i)
             runs.append(run)
-            run, columns, hosts, gpu = None, None, {}, ""
+            run, columns, hosts, gpu, program = None, None, {}, "", ""
             continue
         if columns is not None and run is not None and line[0].isdigit():
             run.rows.append(_row(line, columns, name, i))
@@ -140,7 +150,8 @@ def parse_text(text: str, name: str) -> list[NcclRun]:
         raise _truncated(name, len(lines), run)
     if not runs:
         raise NcclTestsError(
-            f"{name}: line 1: no all_reduce_perf table found (expected nccl-tests output with a "
+            f"{name}: line 1: no all_reduce_perf table found, nor an alltoall_perf one (expected nccl-tests "
+            "output with a "
             "'size count type ... time algbw busbw' header and a '# Avg bus bandwidth' line)"
         )
     for r in runs:
@@ -169,9 +180,24 @@ def _row(line: str, columns: list[str], name: str, i: int) -> NcclRow:
     try:
         out_of_place = float(words[times[0]])
         in_place = float(words[times[1]]) if len(times) > 1 else out_of_place
-        return NcclRow(int(words[0]), int(words[1]), words[2], out_of_place, in_place)
+        redop = words[columns.index("redop")] if "redop" in columns else "sum"
+        return NcclRow(int(words[0]), int(words[1]), words[2], out_of_place, in_place, redop)
     except ValueError:
         raise NcclTestsError(f"{name}: line {i}: cannot read a size and times from {line!r}") from None
+
+
+def _collective(run: NcclRun, program: str, name: str, i: int) -> str:
+    """What a finished table measured: its program's collective; without the program line, an
+    all-reduce, unless its rows reduce nothing (all_gather_perf and alltoall_perf look alike)."""
+    if program:
+        return PROGRAMS[program]
+    if all(r.redop == "none" for r in run.rows):
+        raise NcclTestsError(
+            f"{name}: line {i}: the table that starts at line {run.line} reduces nothing (redop none) "
+            "and the log lacks nccl-tests' '# Collective test starting: ...' line; keep that line "
+            "so that an alltoall_perf table can be told from an all_gather_perf one"
+        )
+    return "all_reduce"
 
 
 def _truncated(name: str, i: int, run: NcclRun) -> NcclTestsError:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,6 +216,24 @@ class StepWork:
     # of one parameter element as ZeRO's all-gathers move it (16-bit weights beside fp32 gradients);
     # 0: the gradients' itemsize
     param_itemsize: int = 0
+    # expert parallelism (ringtree.sim.moe): per micro-batch on this stage, `ep_forward` dispatch and
+    # combine exchanges in the forward and `ep_backward` in the backward, each of `ep_bytes` per rank
+    # over the EP group of `ep` ranks `etp` apart (an all-to-all, or with `ep_dispatcher` "allgather"
+    # an all-gather or reduce-scatter of that many output bytes); with ETP each also all-gathers or
+    # reduce-scatters `etp_bytes` over the ETP group; with `ep_windows` (an MoE layer's attention and
+    # MLP compute, forward and backward) each exchange hides behind one of them, of another micro-batch
+    ep: int = 1
+    etp: int = 1
+    ep_bytes: int = 0
+    ep_forward: int = 0
+    ep_backward: int = 0
+    etp_bytes: int = 0
+    ep_dispatcher: str = "alltoall"
+    ep_windows: tuple[float, ...] = ()
+    # this device's expert gradients (its experts' share), reduced over the expert-data-parallel group
+    # of `expert_dp` ranks ep x etp apart (Megatron-Core's expert-DP group), in their own buckets
+    expert_grad_bytes: int = 0
+    expert_dp: int = 1
 
     @property
     def param_bytes(self) -> int:
@@ -258,6 +277,10 @@ class StepPrediction:
     exposed_zero_gather_s: float = 0.0
     tflops_per_gpu: float | None = None
     hardware_tflops_per_gpu: float | None = None
+    ep_comm_s: float = 0.0  # the expert-parallel exchanges left exposed
+    ep: int = 1
+    etp: int = 1
+    tokens_per_s_per_gpu: float | None = None
 
     @property
     def breakdown(self) -> dict[str, float]:
@@ -266,6 +289,7 @@ class StepPrediction:
             "optimizer_s": self.optimizer_s,
             "tp_comm_s": self.tp_comm_s,
             "cp_comm_s": self.cp_comm_s,
+            "ep_comm_s": self.ep_comm_s,
             "pp_bubble_s": self.pp_bubble_s,
             "sync_wait_s": self.sync_wait_s,
             "exposed_dp_s": self.exposed_dp_s,
@@ -407,24 +431,48 @@ def _pipeline_s(
     return busy + ideal / v + v * messages
 
 
-def _sizes(work: StepWork) -> list[int]:
-    return buckets(work.grad_bytes, work.itemsize, work.bucket_mb)
+def _bucket_times(
+    total: int, itemsize: int, bucket_mb: float, price: Callable[[int], float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`buckets` of `total` bytes as arrays, and each one's time by `price` (the full buckets are one
+    size: priced once)."""
+    cap = max(itemsize, int(bucket_mb * (1 << 20)) // itemsize * itemsize)
+    full, rest = divmod(total, cap)
+    sizes = np.full(full + bool(rest), float(cap))
+    times = np.full(len(sizes), price(cap) if full else 0.0)
+    if rest:
+        sizes[-1], times[-1] = rest, price(rest)
+    return sizes, times
 
 
-def _reduce_s(work: StepWork, layout: Layout, g: _Groups, algorithm: str) -> tuple[float, list[float]]:
-    """Each bucket's gradient reduction: an all-reduce, or with ZeRO a reduce-scatter; with a shard
-    group, the reduce-scatter inside it and then the all-reduce of its shard across the groups."""
+def _expert_reduce(
+    work: StepWork, layout: Layout, cluster: Cluster, algorithm: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The expert gradients' buckets (bytes, seconds): reduced (or with ZeRO reduce-scattered) over the
+    expert-data-parallel group, whose members are ep x etp ranks apart."""
+    if not work.expert_grad_bytes:
+        return np.zeros(0), np.zeros(0)
     kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
-    sizes = _sizes(work)
+    group = dp_group(cluster, work.ep * work.etp, work.expert_dp)
+    return _bucket_times(
+        work.expert_grad_bytes,
+        work.itemsize,
+        work.bucket_mb,
+        lambda n: collective_s(kind, algorithm, group, n, work.itemsize),
+    )
+
+
+def _reduce_s(work: StepWork, layout: Layout, g: _Groups, algorithm: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each bucket's size and gradient reduction: an all-reduce, or with ZeRO a reduce-scatter; with a
+    shard group, the reduce-scatter inside it and then the all-reduce of its shard across the groups."""
+    kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
     share = g.dp.ranks
 
     def one(n: int) -> float:
         across = collective_s("all_reduce", algorithm, g.replicas, n // share, work.itemsize)
         return collective_s(kind, algorithm, g.dp, n, work.itemsize) + across
 
-    cache = {n: one(n) for n in set(sizes)}
-    times = [cache[n] for n in sizes]
-    return sum(times), times
+    return _bucket_times(work.grad_bytes, work.itemsize, work.bucket_mb, one)
 
 
 def predict(
@@ -441,22 +489,30 @@ def predict(
         one_tp = collective_s("all_reduce", algorithm, g.tp, work.tp_bytes, work.itemsize)
     cp_forward, cp_backward = _cp_exchange(work, g.cp, algorithm)
     gather_f, gather_b = _zero3_gathers(work, layout, g.dp, algorithm)
-    forward = work.forward_s + work.tp_forward * one_tp + cp_forward + gather_f
-    backward = work.backward_s + work.tp_backward * one_tp + cp_backward + gather_b
+    ep_forward, ep_backward = _ep_exchange(work, cluster, algorithm)
+    forward = work.forward_s + work.tp_forward * one_tp + cp_forward + gather_f + ep_forward
+    backward = work.backward_s + work.tp_backward * one_tp + cp_backward + gather_b + ep_backward
     busy = m * (forward + backward)
     makespan = _pipeline_s(work, layout, g.stage, forward, backward, fast) if pp > 1 else busy
     bubble = makespan - busy
     makespan += work.sync_wait_s
-    reduce_s, times = _reduce_s(work, layout, g, algorithm)
-    if (work.overlap or layout.zero == 3) and times:  # FSDP reduce-scatters each layer in its backward
+    dense_sizes, dense_times = _reduce_s(work, layout, g, algorithm)
+    expert_sizes, expert_times = _expert_reduce(work, layout, cluster, algorithm)
+    sizes, times = np.concatenate([dense_sizes, expert_sizes]), np.concatenate([dense_times, expert_times])
+    reduce_s = float(times.sum())
+    if (work.overlap or layout.zero == 3) and len(times):  # FSDP reduce-scatters each layer in its backward
         # bucket i starts once the last backward has produced it and bucket i-1 is done, so the last
         # ends at max over i of (bucket i's start + the times of buckets i..k)
-        ready = makespan - backward + backward * np.cumsum(_sizes(work)) / work.grad_bytes
+        ready = makespan - backward + backward * np.cumsum(sizes) / sizes.sum()
         end = float(np.max(ready + np.cumsum(times[::-1])[::-1]))
         exposed = max(makespan, end) - makespan
     else:
         exposed = reduce_s
     gathered = _zero_param_gather_s(work, layout, g.dp, algorithm, m * forward)
+    if work.expert_grad_bytes and layout.zero in (1, 2):  # the experts' updated shards, over expert-DP
+        expert_work = dataclasses.replace(work, grad_bytes=work.expert_grad_bytes)
+        expert_group = dp_group(cluster, work.ep * work.etp, work.expert_dp)
+        gathered += _zero_param_gather_s(expert_work, layout, expert_group, algorithm, m * forward - gathered)
     step = makespan + exposed + work.optimizer_s + gathered
     peak = work.peak_flops * cluster.ranks
     return StepPrediction(
@@ -488,7 +544,55 @@ def predict(
         hardware_tflops_per_gpu=(
             work.hardware_flops / (step * cluster.ranks) / 1e12 if work.hardware_flops and step else None
         ),
+        ep_comm_s=m * (ep_forward + ep_backward),
+        ep=work.ep,
+        etp=work.etp,
     )
+
+
+def ep_group(cluster: Cluster, ep: int, etp: int) -> Cluster:
+    """The cluster one EP group sees: ep ranks etp apart (the expert mesh's ETP innermost, then EP), in
+    one node (an NVLink domain: a DGX node, an NVL72 rack) while ep x etp fit in it, else over nodes,
+    the node's concurrent EP groups sharing its NICs."""
+    span, g = ep * etp, cluster.gpus_per_node
+    local = ep if span <= g else max(1, g // etp)
+    nodes = -(-ep // local)
+    nics = max(1, min(local, cluster.nics_per_node // min(etp, cluster.nics_per_node)))
+    return Cluster(nodes, local, cluster.intra, cluster.inter, cluster.gamma, nics, cluster.nccl)
+
+
+def _ep_exchange(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[float, float]:
+    """The expert-parallel exchanges of one micro-batch left exposed, forward and backward: the
+    all-to-alls priced by `ringtree.sim.alltoall` on the EP group (the allgather dispatcher's
+    collectives as the other collectives are), the ETP gathers, less the compute that hides them."""
+    if not (work.ep_forward or work.ep_backward):
+        return 0.0, 0.0
+    group = ep_group(cluster, work.ep, work.etp)
+    if work.ep_dispatcher == "allgather":
+        one = collective_s("all_gather", algorithm, ep_group(cluster, work.ep * work.etp, 1),
+                           work.ep_bytes, 2)  # fmt: skip
+    else:
+        one = _alltoall_s(group, work.ep_bytes)
+    if work.etp > 1:
+        one += collective_s("all_gather", algorithm, tp_group(cluster, work.etp), work.etp_bytes, 2)
+    forward, backward = work.ep_forward * one, work.ep_backward * one
+    if not work.ep_windows:
+        return forward, backward
+    # DeepSeek-V3's pairing of a forward and a backward chunk (report, figure 4), which Megatron-Core's
+    # combined 1F1B follows: the forward's dispatch behind the other micro-batch's MLP backward, its
+    # combine behind the attention backward, the backward's behind the attention and MLP forward
+    layers = work.ep_forward // 2
+    hidden = layers * sum(min(one, window) for window in work.ep_windows)
+    exposed = max(0.0, forward + backward - hidden)
+    share = forward / (forward + backward)
+    return exposed * share, exposed * (1 - share)
+
+
+@functools.lru_cache(maxsize=1024)
+def _alltoall_s(group: Cluster, nbytes: int) -> float:
+    from ringtree.sim.alltoall import alltoall_seconds
+
+    return alltoall_seconds(group, nbytes)
 
 
 def _cp_exchange(work: StepWork, group: Cluster | None, algorithm: str) -> tuple[float, float]:
@@ -528,8 +632,14 @@ def _zero_param_gather_s(
     if layout.zero not in (1, 2):
         return 0.0
     size = work.param_itemsize or work.itemsize
-    sizes = buckets(work.param_bytes, size, work.bucket_mb)
-    total = sum(collective_s("all_gather", algorithm, group, n, size) * sizes.count(n) for n in set(sizes))
+    total = float(
+        _bucket_times(
+            work.param_bytes,
+            size,
+            work.bucket_mb,
+            lambda n: collective_s("all_gather", algorithm, group, n, size),
+        )[1].sum()
+    )
     return max(0.0, total - hidden_behind_s) if work.overlap else total
 
 

@@ -42,7 +42,14 @@ def replay_all_reduce(algorithm: str, cluster: Cluster, nbytes: int, itemsize: i
     """Seconds for one all-reduce of `nbytes`: build the executor's schedule and replay it."""
     if nbytes < 0:
         raise ValueError(f"bytes must be >= 0, got {nbytes}")
-    request = Request("all_reduce", algorithm, cluster.topology, nbytes // itemsize, itemsize)
+    return replay_schedule("all_reduce", algorithm, cluster, nbytes // itemsize, itemsize)
+
+
+def replay_schedule(
+    collective: str, algorithm: str, cluster: Cluster, count: int, itemsize: int = 4
+) -> float:
+    """Seconds for one collective of `count` elements per rank: build its schedule and replay it."""
+    request = Request(collective, algorithm, cluster.topology, count, itemsize)
     with _paused_gc():
         return Replay(build.__wrapped__(request), cluster, itemsize).run()
 

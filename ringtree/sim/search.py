@@ -3,19 +3,24 @@
 The space is TP (powers of two up to two nodes' GPUs, dividing the heads: a TP group across two
 nodes, as Megatron-LM's figure 13 ran TP 16 on 8-GPU nodes, is priced on the NICs it spans) x CP
 (1, 2, 4, 8, dividing s / 2) x PP (dividing the layers) x DP (the rest) x virtual stages (1, 2, 4)
-x ZeRO (0-3) x sequence parallelism x micro-batch (1, 2, 4, 8) x recompute. A first pass prices
+x ZeRO (0-3) x sequence parallelism x micro-batch (1, 2, 4, 8) x recompute; for an MoE model x EP
+(powers of two dividing the experts and the stage's TP x CP x DP ranks) x ETP (1, or the TP degree),
+and under FP8 the recipes the GPU runs, each unless the command pins it. A first pass prices
 every layout with the pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again
-with the replayed pipeline and ranked by that. Sequence parallelism is always on with TP (the same
+with the replayed pipeline (under FP8 in every recipe: a recipe changes the matmuls, not the layout's
+memory) and ranked by that. Sequence parallelism is always on with TP (the same
 traffic as the all-reduces, less memory and elementwise time), and each layout takes the lowest
 ZeRO stage that fits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ringtree.sim import fp8
 from ringtree.sim.clusters import GPU
 from ringtree.sim.hardware import Cluster
 from ringtree.sim.layout import Training, check
@@ -52,13 +57,19 @@ def candidates(
     recompute: tuple[str, ...],
     grad_dtype: str | None = None,
     cp_comm: str = "p2p",
+    extra: dict[str, object] | None = None,
+    gpu: GPU | None = None,
 ) -> Iterator[list[Training]]:
     """Every layout the model and the GPU count allow, memory not yet checked, in groups that differ
-    only in the ZeRO stage (0 to 3: each slower or as fast, and smaller)."""
+    only in the ZeRO stage (0 to 3: each slower or as fast, and smaller). `extra`: the MoE and FP8
+    words the command pins (the others are searched)."""
+    extra = extra or {}
     for t, c, p in _degrees(model, cluster):
         dp = cluster.ranks // (t * c * p)
         sp = t > 1  # the all-reduce's traffic, less memory and elementwise time: always taken
-        for v, b, r in itertools.product(VIRTUAL, MICRO_BATCHES, recompute):
+        for v, b, r, words in itertools.product(
+            VIRTUAL, MICRO_BATCHES, recompute, _expert_words(model, t, dp * c * t, dtype, extra, gpu)
+        ):
             chunks = p * v  # as `check`: the layers, or the layers + 2 (the embedding and loss as chunks)
             if global_batch % (dp * b) or (
                 v > 1 and (p == 1 or (model.layers % chunks and (model.layers + 2) % chunks))
@@ -84,9 +95,32 @@ def candidates(
                     z,
                     grad_dtype=grad_dtype,
                     cp_comm=cp_comm if c > 1 else "p2p",
+                    **words,  # type: ignore[arg-type]
                 )
                 for z in stages
             ]
+
+
+def _expert_words(
+    model: Transformer, t: int, folded: int, dtype: str, extra: dict[str, object], gpu: GPU | None
+) -> list[dict[str, object]]:
+    """The EP, ETP and FP8 recipe choices for one TP degree and stage size, with the pinned words."""
+    eps = [int(str(extra["ep"]))] if "ep" in extra else [1]
+    etps = [int(str(extra["etp"]))] if "etp" in extra else [1]
+    if model.experts and "ep" not in extra:
+        eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if model.experts % e == 0 and folded % e == 0]
+    if model.experts and "etp" not in extra and t > 1:
+        etps = [1, t] if model.moe_ffn_hidden % t == 0 else [1]
+    rest = {k: v for k, v in extra.items() if k not in ("ep", "etp")}
+    return [{**rest, "ep": e, "etp": x} for e, x in itertools.product(eps, etps) if folded % (e * x) == 0]
+
+
+def _recipes(run: Training, extra: dict[str, object], gpu: GPU) -> list[Training]:
+    """The run under every FP8 recipe the GPU runs, unless the command pinned one (or trains in BF16)."""
+    if run.dtype != "fp8" or "fp8_recipe" in extra:
+        return [run]
+    blackwell = gpu.arch == "blackwell"
+    return [dataclasses.replace(run, fp8_recipe=r) for r in fp8.RECIPES if r != "mxfp8" or blackwell]
 
 
 @dataclass(frozen=True)
@@ -107,12 +141,14 @@ def search(
     algorithm: str = "auto",
     grad_dtype: str | None = None,
     cp_comm: str = "p2p",
+    extra: dict[str, object] | None = None,
 ) -> Found:
     """The fastest layouts that fit in memory, each with the least ZeRO sharding it needs
     (gradient reduction overlapped, as today's runs do); "auto" prices as `ringtree plan` does."""
     algorithm = default_algorithm(cluster) if algorithm == "auto" else algorithm
     rough = []
-    for group in candidates(model, global_batch, cluster, dtype, recompute, grad_dtype, cp_comm):
+    fp8.check(dtype, str((extra or {}).get("fp8_recipe", "delayed")), gpu)
+    for group in candidates(model, global_batch, cluster, dtype, recompute, grad_dtype, cp_comm, extra, gpu):
         dp = check(model, group[0], cluster.ranks)
         m = group[0].micro_batches(dp)
         run = next((r for r in group if fits(model, r, m, dp, gpu)), None)
@@ -120,20 +156,25 @@ def search(
             step = predict(work(model, run, gpu, dp), cluster, algorithm, run.layout, fast=True).step_s
             rough.append((step, run))
     rough.sort(key=lambda x: x[0])
-    exact = [plan(model, run, cluster, gpu, algorithm) for _, run in rough[:REPLAYED]]
+    exact = [
+        plan(model, each, cluster, gpu, algorithm)
+        for _, run in rough[:REPLAYED]
+        for each in _recipes(run, extra or {}, gpu)
+    ]
     return Found(sorted(exact, key=lambda row: row.step_s), len(rough))
 
 
 _WORDS = {"tp": "TP", "cp": "CP", "pp": "PP", "dp": "DP", "virtual_stages": "virtual stages",
           "zero": "ZeRO", "sequence_parallel": "sequence parallel", "micro_batch": "micro-batch",
-          "recompute": "recompute"}  # fmt: skip
+          "recompute": "recompute", "ep": "EP", "etp": "ETP", "fp8_recipe": "FP8 recipe"}  # fmt: skip
 
 
 def _layout(row: StepPrediction) -> dict[str, object]:
     t = row.details["training"]
     return {"tp": row.tp, "cp": row.cp, "pp": row.pp, "dp": row.dp, "virtual_stages": row.virtual_stages,
             "zero": row.zero, "sequence_parallel": row.sequence_parallel, "micro_batch": t["micro_batch"],
-            "recompute": t["recompute"]}  # fmt: skip
+            "recompute": t["recompute"], "ep": row.ep, "etp": row.etp,
+            "fp8_recipe": t["fp8_recipe"] if t["dtype"] == "fp8" else None}  # fmt: skip
 
 
 def why(found: Found) -> str:

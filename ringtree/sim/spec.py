@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -9,7 +10,6 @@ from ringtree.sim import calibrate, nccl_fit
 from ringtree.sim.hardware import Cluster, parse_link
 from ringtree.sim.measured import MeasuredTimes
 from ringtree.sim.nccl_model import system_from_links
-from ringtree.sim.nccl_system import NcclTuning
 from ringtree.sim.presets import INTER, INTRA
 
 
@@ -76,7 +76,7 @@ def _nccl_cluster(
             nic.bandwidth_Bps * nics,
             nic.alpha_s,
         )
-        tuning = NcclTuning(system, tuning.corrections)
+        tuning = dataclasses.replace(tuning, system=system, alltoall_rows=())  # rows: the logged hardware
     if fitted.nccl.get("links_from_bench"):
         nccl_intra, nccl_inter = fitted.link, fitted.inter_link or fitted.link
     intra_link = parse_link(intra, INTRA) if intra else nccl_intra

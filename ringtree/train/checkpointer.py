@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +55,19 @@ class Checkpointer:
         self.cfg, self.net, self.optimizer, self.parallel = cfg, net, optimizer, parallel
         self.mesh, self.amp, self.model_name, self.dense = mesh, amp, model_name, dense
         self.rank = dist.get_rank()
-        self.places = layout.places(net, dense)
         self.layout = {"world_size": dist.get_world_size(), "dp": mesh.dp, "tp": mesh.tp, "pp": mesh.pp}
-        self.layout["zero"] = cfg.zero
+        self.layout |= {"cp": getattr(mesh, "cp", 1), "zero": cfg.zero}
         self.waits: list[float] = []
         self.pending: Future[Any] | None = None
         asynchronous = bool(cfg.checkpoint_async) and cfg.checkpoint_dir is not None
         # a group of its own: async_save's collectives run on a thread beside training's
         self.async_group = dist.new_group(backend="gloo") if asynchronous and cfg.zero else None
         self.writer = ThreadPoolExecutor(1, "ringtree-checkpoint") if asynchronous else None
+
+    @cached_property
+    def places(self) -> dict[int, layout.Place]:
+        """Where each of this rank's parameters sits in the dense model (asked for on first use)."""
+        return layout.places(self.net, self.dense)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The dense model's parameters and buffers with their shapes (what a checkpoint must hold)."""

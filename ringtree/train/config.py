@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
+from ringtree.schedules.ring_attention import COMMS as CP_COMMS
 
 # Nothing here imports torch at module level: the CLI derives its options from this module, and
 # `ringtree plan` must start without loading torch.
 
-MODELS = ("mlp", "mlp-tiny", "vit", "gpt", "gpt-tied")  # or pkg.mod:factory
+MODELS = ("mlp", "mlp-tiny", "vit", "gpt", "gpt-tied", "moe")  # or pkg.mod:factory
 DATASETS = ("digits", "sort")  # or pkg.mod:factory
 LOSSES = ("cross_entropy", "mse")  # or pkg.mod:factory
 MODES = ("ddp", "dp", "dp-threads", "dp-threads-balanced")
-LANGUAGE_MODELS = ("gpt", "gpt-tied")  # they read token ids [b, t] and predict every next token
+LANGUAGE_MODELS = ("gpt", "gpt-tied", "moe")  # they read token ids [b, t] and predict every next token
 THREAD_MODES = ("dp-threads", "dp-threads-balanced")  # one process, torch's DataParallel (the seeds)
 DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("fp16", "bf16")
@@ -49,7 +50,25 @@ DEFAULTS: dict[str, Any] = {
     "distill_alpha": 0.5,
     "keep_checkpoints": 2,  # the newest and one before it: a truncated newest still resumes
     "threads": 2,  # CPU copies without GPUs: enough to show device 0's extra load
+    "cp_comm": "p2p",  # the ring: K/V move during attention, overlapping it (Megatron's default too)
+    # --model moe (ringtree/train/moe.py): DeepSeek-V3 and torchtitan's choices at a small scale
+    "experts": 8,
+    "top_k": 2,
+    "moe_every": 1,
+    "shared_experts": 0,
+    "router_score": "softmax",
+    "router_aux_loss": 0.0,  # 0: balance by the expert bias, no auxiliary loss
+    "a2a_algorithm": "auto",
 }
+MOE_OPTIONS = (
+    "experts",
+    "top_k",
+    "moe_every",
+    "shared_experts",
+    "router_score",
+    "router_aux_loss",
+    "capacity_factor",
+)
 
 
 class ConfigError(ValueError):
@@ -72,7 +91,9 @@ def _library_words(cli: str) -> str:
     becomes its field (with `=value` when a value follows it); other flags (--nproc) stay."""
     names = {flag(f.name): f.name for f in fields(TrainConfig)}
     values = {*MODELS, *MODES, *SCHEDULES, *DEVICES, *COMPRESSIONS, *BALANCES, *MASTER_ALGORITHMS, *DATASETS}
+    values |= set(CP_COMMS)
     values |= {"off", "bf16", "fp16", "double_tree", "halving_doubling", "hierarchical"}
+    values |= {"softmax", "sigmoid", "auto", "pairwise", "bruck", "linear"}
 
     def rename(m: re.Match[str]) -> str:
         name = names.get(f"--{m.group(2)}")
@@ -116,7 +137,9 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
 class TrainConfig:
     """What `ringtree train` trains and how; the defaults reach >= 95% digits accuracy in about a minute."""
 
-    model: str = _opt("mlp", "mlp, mlp-tiny, vit, gpt, gpt-tied, or pkg.mod:factory returning an nn.Module.")
+    model: str = _opt(
+        "mlp", "mlp, mlp-tiny, vit, gpt, gpt-tied, moe, or pkg.mod:factory returning an nn.Module."
+    )
     dataset: str = _opt(
         "digits", "digits, sort (token sequences), or pkg.mod:factory returning a Dataset or (train, test)."
     )
@@ -164,6 +187,10 @@ class TrainConfig:
         None, "Model chunks per pipeline stage (needs --schedule interleaved) [2]."
     )
     pp_balance: str | None = _opt(None, "Cut stages by params or profiled time (needs --pp) [params].")
+    cp: int = _opt(1, "Context-parallel ranks per sequence (head-tail chunks, attention over all); 1: none.")
+    cp_comm: str | None = _opt(
+        None, "p2p (ring attention), all-gather (K/V before attention) or all-to-all (Ulysses) [p2p]."
+    )
     checkpoint_activations: bool = _opt(False, "Recompute activations in backward (less memory).")
     checkpoint_segments: int = _opt(0, "Checkpointed segments; 0: about sqrt(blocks).")
     amp: str = _opt("off", "Mixed precision: off, bf16 (autocast) or fp16 (CUDA, loss scaling).")
@@ -172,6 +199,27 @@ class TrainConfig:
     distill_alpha: float | None = _opt(None, "Weight of the teacher's soft loss [0.5].")
     prefetch: bool = _opt(False, "Prepare the next batch on a thread while this one computes.")
     zero: int = _opt(0, "ZeRO: 0 DDP; 1 shards optimizer states, 2 also gradients, 3 also parameters.")
+    ep: int = _opt(1, "Expert-parallel ranks (borrowed from the data-parallel ones) the experts split over.")
+    experts: int | None = _opt(None, "Routed experts per MoE layer (--model moe) [8].")
+    top_k: int | None = _opt(None, "Experts each token goes to (--model moe) [2].")
+    moe_every: int | None = _opt(
+        None, "An MoE layer in every K-th block, dense MLPs between (--model moe) [1]."
+    )
+    shared_experts: int | None = _opt(None, "Shared experts every token goes through (--model moe) [0].")
+    router_score: str | None = _opt(
+        None, "Router scores: softmax or sigmoid, in fp32 (--model moe) [softmax]."
+    )
+    router_aux_loss: float | None = _opt(
+        None, "Balance by the auxiliary loss with this coefficient, not the expert bias (--model moe) [0]."
+    )
+    capacity_factor: float | None = _opt(
+        None, "Drop token copies past C x an expert's balanced load (--model moe) [dropless]."
+    )
+    a2a_algorithm: str | None = _opt(
+        None,
+        "The token dispatch's all-to-all: auto, pairwise, bruck, linear, hierarchical, native "
+        "(needs --ep) [auto].",
+    )
 
     def __post_init__(self) -> None:
         validate(self)
@@ -228,12 +276,14 @@ def _check_values(cfg: TrainConfig) -> None:
         _choice("pipeline schedule", cfg.schedule, tuple(SCHEDULES))
     if cfg.pp_balance is not None:
         _choice("pp_balance", cfg.pp_balance, BALANCES)
+    if cfg.cp_comm is not None:
+        _choice("--cp-comm", cfg.cp_comm, CP_COMMS)
     for name in ("max_restarts", "straggler_every"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"{flag(name)} must be 0 or more, got {getattr(cfg, name)}")
     if cfg.keep_checkpoints is not None and cfg.keep_checkpoints < 1:
         raise ValueError(f"--keep-checkpoints must be at least 1, got {cfg.keep_checkpoints}")
-    for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "log_every"):
+    for name in ("batch_size", "epochs", "accumulate", "tp", "pp", "cp", "log_every"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
     for name in ("micro_batches", "virtual_stages"):
@@ -250,6 +300,7 @@ def _check_values(cfg: TrainConfig) -> None:
             f"--checkpoint-segments must be >= 0 (0: about sqrt(blocks)), got {cfg.checkpoint_segments}"
         )
     check_distill(cfg.get("distill_temperature"), cfg.get("distill_alpha"))
+    _check_moe_values(cfg)
     if cfg.checkpoint_dir is not None:
         _check_folder(Path(cfg.checkpoint_dir))
     if cfg.teacher is not None:
@@ -264,7 +315,80 @@ _NEEDS = (
     ("virtual_stages", "interleaved", "--virtual-stages needs --schedule interleaved; drop it or add that"),
     ("distill_temperature", "teacher", "--distill-temperature needs --teacher; drop it or add --teacher"),
     ("distill_alpha", "teacher", "--distill-alpha needs --teacher; drop it or add --teacher"),
+    ("cp_comm", "cp", "--cp-comm needs --cp 2 or more; drop it or add --cp"),
 )
+
+
+def _check_moe_values(cfg: TrainConfig) -> None:
+    from ringtree.parallel.moe.alltoall import available
+    from ringtree.parallel.moe.router import SCORES
+
+    for name in ("ep", "experts", "top_k", "moe_every"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.shared_experts is not None and cfg.shared_experts < 0:
+        raise ValueError(f"--shared-experts must be 0 or more, got {cfg.shared_experts}")
+    if cfg.router_aux_loss is not None and cfg.router_aux_loss < 0:
+        raise ValueError(f"--router-aux-loss must be 0 or more, got {cfg.router_aux_loss}")
+    if cfg.capacity_factor is not None and cfg.capacity_factor <= 0:
+        raise ValueError(
+            f"--capacity-factor must be positive (C x the balanced load), got {cfg.capacity_factor}; "
+            "leave it out for dropless routing"
+        )
+    if cfg.router_score is not None:
+        _choice("router_score", cfg.router_score, SCORES)
+    if cfg.a2a_algorithm is not None:
+        _choice("a2a_algorithm", cfg.a2a_algorithm, available())
+    if cfg.get("top_k") > cfg.get("experts"):
+        raise ValueError(
+            f"--top-k {cfg.get('top_k')} is above --experts {cfg.get('experts')}: a token cannot go to "
+            f"more experts than there are; choose --top-k {cfg.get('experts')} or fewer"
+        )
+
+
+def _check_moe(cfg: TrainConfig) -> None:
+    """MoE options need --model moe; --ep splits the experts and needs DDP's data parallelism."""
+    given = [flag(name) for name in MOE_OPTIONS if getattr(cfg, name) is not None]
+    if given and cfg.model != "moe":
+        raise ValueError(f"{given[0]} configures --model moe's layers; drop it or add --model moe")
+    if cfg.model == "moe" and cfg.tp > 1 and cfg.checkpoint_dir is not None:
+        raise ValueError(
+            "--model moe --tp: its checkpoints are not written yet; drop --checkpoint-dir or --tp"
+        )
+    if cfg.a2a_algorithm is not None and cfg.ep == 1:
+        raise ValueError("--a2a-algorithm dispatches tokens among --ep ranks; add --ep 2 or more, or drop it")
+    if cfg.ep == 1:
+        return
+    if cfg.model == "moe" and cfg.get("experts") % cfg.ep:
+        e = cfg.get("experts")
+        raise ValueError(
+            f"--ep {cfg.ep} must divide --experts {e} (each rank keeps whole experts); "
+            f"choose --ep among {[d for d in range(1, e + 1) if e % d == 0]}"
+        )
+    if cfg.mode != "ddp":
+        raise ValueError(
+            f"--ep {cfg.ep} borrows DDP's data-parallel ranks, which --mode {cfg.mode} does not run; "
+            "use --mode ddp"
+        )
+    if cfg.sequence_parallel:
+        raise ValueError(
+            "--sequence-parallel gives each TP rank other tokens, which --ep does not route yet; "
+            "drop one of them"
+        )
+    if cfg.checkpoint_dir is not None:
+        raise ValueError(
+            f"--ep {cfg.ep}: checkpoints of expert-parallel runs are not written yet; drop --checkpoint-dir"
+        )
+    if cfg.zero and cfg.amp == "fp16":
+        raise ValueError(
+            f"--amp fp16 unscales the gradients before --ep {cfg.ep} reduces the experts' into their "
+            f"--zero {cfg.zero} shards; use --amp bf16"
+        )
+    if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
+        raise ValueError(
+            f"--schedule {cfg.schedule} steps stages on stashed weights, which --ep does not shard; "
+            "use gpipe or 1f1b"
+        )
 
 
 def _check_combinations(cfg: TrainConfig) -> None:
@@ -272,6 +396,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
         "pp": cfg.pp > 1,
         "teacher": cfg.teacher is not None,
         "interleaved": cfg.schedule == "interleaved",
+        "cp": cfg.cp > 1,
     }
     for name, needs, message in _NEEDS:
         neutral = name == "micro_batches" and cfg.micro_batches == 1  # one micro-batch: no pipeline
@@ -305,6 +430,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
             f"--threads {cfg.threads} sets the devices of --mode dp-threads; drop it or add that mode"
         )
     _check_tensor_parallel(cfg)
+    _check_moe(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
     if cfg.pp > 1 and cfg.schedule == "interleaved" and cfg.get("micro_batches") % cfg.pp:
@@ -344,10 +470,10 @@ def _check_master_mode(cfg: TrainConfig) -> None:
             f"{', '.join(given)}: options of DDP's buckets, which --mode dp does not have; "
             "drop them or use --mode ddp"
         )
-    if cfg.tp > 1 or cfg.pp > 1:
+    if cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1:
         raise ValueError(
             "--mode dp steps the whole model on rank 0, so it cannot hold a tensor- or pipeline-parallel "
-            "shard; use --mode ddp with --tp/--pp"
+            "shard or a context-parallel share of the sequence; use --mode ddp with --tp/--pp/--cp"
         )
     if cfg.amp == "fp16":
         raise ValueError(
@@ -399,6 +525,7 @@ def _check_thread_mode(cfg: TrainConfig) -> None:
             ("--algorithm", None if cfg.algorithm == "ring" else cfg.algorithm),  # autograd sums the replicas
             ("--tp", cfg.tp > 1 or None),
             ("--pp", cfg.pp > 1 or None),
+            ("--cp", cfg.cp > 1 or None),
             ("--accumulate", cfg.accumulate > 1 or None),
             ("--teacher", cfg.teacher),
             ("--amp", cfg.amp != "off" or None),
@@ -467,10 +594,23 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
             f"--mode {cfg.mode} is one process driving every device with threads; use --nproc 1 "
             f"(not {world_size}) and --threads N for the devices"
         )
+    if cfg.cp > 1 and world_size % (cfg.tp * cfg.pp * cfg.cp):
+        n = cfg.tp * cfg.pp * cfg.cp
+        raise ValueError(
+            f"--tp {cfg.tp} x --pp {cfg.pp} x --cp {cfg.cp} = {n} ranks per replica does not divide the "
+            f"{world_size} ranks; choose --nproc a multiple of {n}"
+        )
     if world_size % (cfg.tp * cfg.pp):
         raise ValueError(
             f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} ranks per replica does not divide the "
             f"{world_size} ranks; choose --nproc a multiple of {cfg.tp * cfg.pp}"
+        )
+    data = world_size // (cfg.tp * cfg.pp)  # the ranks EP borrows: DP x CP
+    if data % cfg.ep:
+        raise ValueError(
+            f"--ep {cfg.ep} must divide the {data} data-parallel ranks it borrows (--nproc {world_size} / "
+            f"(--tp {cfg.tp} x --pp {cfg.pp})); choose --ep among "
+            f"{[d for d in range(1, data + 1) if data % d == 0]}"
         )
 
 
@@ -511,6 +651,14 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped |= {"checkpoint_every", "resume", "keep_checkpoints", "checkpoint_async"}
     if cfg.tp == 1:
         dropped |= {"tp_plan", "sequence_parallel"}
+    if cfg.cp == 1:
+        dropped.add("cp_comm")
+    if cfg.model != "moe":
+        dropped |= set(MOE_OPTIONS)
+    elif cfg.capacity_factor is None:
+        dropped.add("capacity_factor")  # dropless
+    if cfg.ep == 1:
+        dropped.add("a2a_algorithm")
     return {k: v for k, v in out.items() if k not in dropped}
 
 

@@ -11,9 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ringtree.train.config import TrainConfig
 from ringtree.train.data import digits
 from ringtree.train.language import sort_datasets
 from ringtree.train.models import build_model
+from ringtree.train.moe import MoEGPT, MoESettings
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -40,8 +42,11 @@ def call_factory(spec: str, option: str) -> Any:
     return factory()
 
 
-def make_model(name: str) -> nn.Module:
-    """A built-in model (from torch's current seed) or the nn.Module a factory returns."""
+def make_model(name: str, cfg: TrainConfig | None = None) -> nn.Module:
+    """A built-in model (from torch's current seed) or the nn.Module a factory returns; `cfg`, when
+    given, sets --model moe's layers (--experts, --top-k, ...)."""
+    if name == "moe" and cfg is not None:
+        return moe_model(cfg)
     if ":" not in name:
         return build_model(name)
     model = call_factory(name, "--model")
@@ -50,6 +55,20 @@ def make_model(name: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ValueError(f"--model {name!r}: the factory returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def moe_model(cfg: TrainConfig) -> nn.Module:
+    """--model moe with the configuration's MoE options."""
+    settings = MoESettings(
+        experts=cfg.get("experts"),
+        top_k=cfg.get("top_k"),
+        every=cfg.get("moe_every"),
+        shared=cfg.get("shared_experts"),
+        score=cfg.get("router_score"),
+        capacity_factor=cfg.capacity_factor,
+        aux_loss=cfg.get("router_aux_loss"),
+    )
+    return MoEGPT(moe=settings)
 
 
 def make_datasets(name: str) -> tuple[Dataset[Any], Dataset[Any] | None]:

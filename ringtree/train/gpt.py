@@ -10,6 +10,10 @@ With sequence parallelism (Megatron-LM), the blocks' residual stream holds t/tp 
 rank: the embedding's output is split along the sequence on the way in, the column-parallel
 layers all-gather it, the row-parallel ones reduce-scatter back, and the output is gathered
 before the final norm. `sp_group` set by the TP plan turns it on.
+
+Attention runs through an `SDPA` module (`attn.core`), so context parallelism can replace it by
+attention over the whole sequence when each rank holds a share of the tokens; the rotary positions
+come from the same module (the positions of the tokens held), so they travel with the tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ringtree.parallel.context import SDPA
 from ringtree.parallel.tensor.sequence import gather_sequence, scatter_sequence
 from ringtree.train.techniques.activation_checkpointing import run_blocks
 
@@ -50,11 +55,13 @@ class GPTConfig:
     rope_base: float = 10000.0
 
 
-def rotary(x: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotate each pair (x[..., i], x[..., i + e/2]) by angle pos / base^(2i/e): x is [b, t, heads, e]."""
+def rotary(x: torch.Tensor, base: float, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate each pair (x[..., i], x[..., i + e/2]) by angle pos / base^(2i/e): x is [b, t, heads, e],
+    pos the tokens' positions [t] (default 0..t-1)."""
     t, e = x.shape[1], x.shape[-1]
     inv = base ** (-torch.arange(0, e, 2, device=x.device, dtype=torch.float32) / e)  # [e/2]
-    angles = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * inv  # [t, e/2]
+    pos = torch.arange(t, device=x.device) if positions is None else positions
+    angles = pos.to(torch.float32)[:, None] * inv  # [t, e/2]
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]  # [1, t, 1, e/2]
     x1, x2 = x.float().chunk(2, dim=-1)  # each [b, t, heads, e/2]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
@@ -75,14 +82,16 @@ class Attention(nn.Module):
         self.k = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
         self.v = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
         self.o = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
+        self.core = SDPA()  # context parallelism swaps in attention over the whole sequence
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.q(x), self.k(x), self.v(x)  # [b, t, heads * e] (t: whole, even under SP)
         b, t, e = q.shape[0], q.shape[1], self.head_dim
-        q = rotary(q.view(b, t, -1, e), self.rope_base).transpose(1, 2)  # [b, h, t, e]
-        k = rotary(k.view(b, t, -1, e), self.rope_base).transpose(1, 2)  # [b, g, t, e]
+        pos = self.core.positions(t, x.device)  # [t]: where the tokens held sit in the sequence
+        q = rotary(q.view(b, t, -1, e), self.rope_base, pos).transpose(1, 2)  # [b, h, t, e]
+        k = rotary(k.view(b, t, -1, e), self.rope_base, pos).transpose(1, 2)  # [b, g, t, e]
         v = v.view(b, t, -1, e).transpose(1, 2)  # [b, g, t, e]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [b, h, t, e]
+        out = self.core(q, k, v, is_causal=True)  # [b, h, t, e]
         return self.o(out.transpose(1, 2).reshape(b, t, -1))  # type: ignore[no-any-return]
 
 
@@ -179,6 +188,15 @@ class GPT(nn.Module):
                     f"--tp {tp} must divide the gpt's {name}={heads} (each rank keeps whole heads); "
                     f"choose --tp among {[d for d in range(1, heads + 1) if heads % d == 0]}"
                 )
+
+    def check_cp(self, cp: int, tp: int, comm: str) -> None:
+        """Refuse an all-to-all (Ulysses) context parallelism that cannot give each rank whole heads."""
+        if comm == "all-to-all" and (self.cfg.heads // tp) % cp:
+            raise ValueError(
+                f"--cp-comm all-to-all gives each of the --cp {cp} ranks 1/{cp} of the "
+                f"{self.cfg.heads // tp} query heads a tensor-parallel rank holds; choose --cp dividing "
+                f"{self.cfg.heads // tp}, or --cp-comm p2p or all-gather"
+            )
 
     def enable_sequence_parallel(
         self, group: torch.distributed.ProcessGroup | None, algorithm: str

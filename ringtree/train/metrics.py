@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ringtree.parallel.expert import ExpertParallel
 
 
 @dataclass
@@ -46,3 +49,28 @@ class Meter:
             "exposed_comm_time_s": exposed,
             "samples_per_s": (sum(self.samples[skip:]) / n) / step if step > 0 else 0.0,
         }
+
+
+def moe_metrics(
+    experts: ExpertParallel, a2a_s: list[float], device: torch.device | str = "cpu"
+) -> dict[str, Any]:
+    """The MoE layers' figures, the worst rank's (a collective): experts and top-k of the layers, the
+    last step's max / mean tokens per expert in its worst layer, the fraction of token copies the
+    capacity dropped over the run, and the mean seconds per step in all-to-alls (after warm-up).
+
+    The dispatch's all-to-alls block the training thread (nothing overlaps them yet), so all of
+    their time is exposed: a2a_exposed_s equals a2a_time_s.
+    """
+    skip = 1 if len(a2a_s) > 1 else 0
+    mean = sum(a2a_s[skip:]) / max(1, len(a2a_s) - skip)
+    worst = torch.tensor([experts.load, experts.dropped_fraction(), mean], dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    load, dropped, a2a = worst.tolist()
+    return {
+        "experts": max(layer.num_experts for layer in experts.layers),
+        "top_k": max(layer.top_k for layer in experts.layers),
+        "expert_load": load,
+        "tokens_dropped": dropped,
+        "a2a_time_s": a2a,
+        "a2a_exposed_s": a2a,
+    }

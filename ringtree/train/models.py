@@ -11,6 +11,7 @@ from torch import nn
 
 from ringtree.train.data import CLASSES, PIXELS
 from ringtree.train.gpt import GPT, GPTConfig
+from ringtree.train.moe import MoEGPT
 from ringtree.train.techniques.activation_checkpointing import run_blocks
 
 SIDE = 8  # digits are 8 x 8
@@ -125,6 +126,10 @@ def _gpt_tied() -> nn.Module:
     return GPT(GPTConfig(tied=True))
 
 
+def _moe() -> nn.Module:
+    return MoEGPT()
+
+
 # The model factory registry: each built-in model and its recipe, which reaches >= 95% test accuracy
 # on the digits in every layout the capability table of docs/training.md allows (measured there);
 # the gpt's trains on its sort task.
@@ -138,12 +143,14 @@ REGISTRY: dict[str, tuple[Callable[[], nn.Module], Recipe]] = {
     # 3 epochs of 8192 sequences at 128 a step (32 x 4 ranks): about 97% next-token accuracy on sort
     "gpt": (_gpt, Recipe(lr=3e-3, epochs=3, batch_size=32, dataset="sort")),
     "gpt-tied": (_gpt_tied, Recipe(lr=3e-3, epochs=3, batch_size=32, dataset="sort")),
+    # the gpt with 8 top-2 experts in every block, balanced by the expert bias: the gpt's recipe
+    "moe": (_moe, Recipe(lr=3e-3, epochs=3, batch_size=32, dataset="sort")),
 }
 FACTORY_RECIPE = ("default", Recipe(lr=3e-3, epochs=20, batch_size=32))  # a pkg.mod:factory model's
 
 
 def build_model(name: str) -> nn.Module:
-    """The model called `name` (mlp, mlp-tiny, vit, gpt, gpt-tied), initialized from torch's seed."""
+    """The model called `name` (mlp, mlp-tiny, vit, gpt, gpt-tied, moe), initialized from torch's seed."""
     if name not in REGISTRY:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(REGISTRY)}")
     return REGISTRY[name][0]()

@@ -4,11 +4,16 @@
 
 1. tensor parallelism: the TP plan's column/row layers (the vit's blocks without a plan), with
    sequence parallelism when asked; the shards are made on the host, then the model is moved;
+   then context parallelism (--cp): each sequence split over the CP group (the input sharded on
+   its way into the first layer, the loss's labels alike), the attention over all of it;
 2. activation checkpointing, of the whole model, or (under --pp) of each stage once cut: its
    segments never span two stages;
+   then expert parallelism: every MoE layer keeps this rank's experts (--ep) and dispatches by
+   all-to-all over its EP group (ringtree/parallel/expert.py);
 3. the pipeline cut: pp stages, or pp x V chunks with this rank's V under interleaved 1F1B;
-4. data parallelism over the DP group: ringtree's DistributedDataParallel (--zero 0) or
-   ShardedDataParallel (--zero 1-3), one per stage or chunk; the master-rank `--mode dp` and the
+4. data parallelism over the DP group (DP x CP under --cp: the CP ranks hold the same parameters
+   and different tokens): ringtree's DistributedDataParallel (--zero 0) or ShardedDataParallel
+   (--zero 1-3), one per stage or chunk; the master-rank `--mode dp` and the
    single-process `--mode dp-threads` in its place when asked.
 
 The trainer runs the loop on the result and owns checkpoints, metrics and the summary.
@@ -18,12 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset, IterableDataset
 
-from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
+from ringtree.parallel import (
+    ContextParallel,
+    DistributedDataParallel,
+    MasterDataParallel,
+    Mesh,
+    ShardedDataParallel,
+)
+from ringtree.parallel.context import has_attention
 from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.expert import ExpertParallel, expert_parameters, moe_layers
 from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.schedules.pipeline import SYNCHRONOUS
@@ -58,6 +73,7 @@ class Parallelized:
     pipe: Pipeline | None
     trained: list[nn.Parameter]
     segments: int
+    experts: ExpertParallel | None = None  # models with MoE layers: reduces and balances the experts
 
     @property
     def sharded(self) -> ShardedDataParallel | None:
@@ -83,19 +99,35 @@ def parallelize(
     """
     if cfg.tp > 1:  # 1. the shards are made on the host, then moved with the rest
         tensor_parallel.shard(net, cfg, mesh.tp_group)
+    if cfg.cp > 1:
+        loss.context = context_parallel(net, cfg, mesh)
+    experts = _experts(net, cfg, mesh)
     net.to(device)
     if cfg.pp > 1:  # 2.-4. cut, then each stage checkpointed and in DP
         pipe, segments = _pipeline(net, cfg, mesh, device, loss, sample)
-        return _result(net, None, None, pipe, segments)
+        return _result(net, None, None, pipe, segments, experts)
     body, segments = _checkpointed(net, cfg)  # 2.
     if cfg.mode == "dp":  # 4.
         master = MasterDataParallel(body, cfg.algorithm, timeout_s=cfg.get("timeout_s"))
-        return _result(net, master, None, None, segments)
+        return _result(net, master, None, None, segments, experts)
     if cfg.mode in THREAD_MODES:
         balanced = cfg.mode.endswith("balanced")
         threaded = ThreadedDataParallel(body, thread_devices(cfg), balanced=balanced, loss_fn=loss.fn)
-        return _result(net, None, threaded, None, segments)
-    return _result(net, data_parallel(body, cfg, mesh, bool(cfg.get("overlap"))), None, None, segments)
+        return _result(net, None, threaded, None, segments, experts)
+    model = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")))
+    return _result(net, model, None, None, segments, experts)
+
+
+def _experts(net: nn.Module, cfg: TrainConfig, mesh: Mesh) -> ExpertParallel | None:
+    """Expert parallelism over the data-parallel ranks (data x context parallel where CP runs), and
+    the step's expert reduction and balancing; None for a model without MoE layers."""
+    if not moe_layers(net) or cfg.mode != "ddp":
+        return None  # --mode dp and dp-threads: one optimizer over the whole model, bias kept as is
+    made = ExpertParallel(
+        cfg.ep, mesh.shape.dp_cp_groups(), data_group=mesh.dp_cp_group, algorithm=cfg.get("a2a_algorithm")
+    )
+    made.apply(net)
+    return made
 
 
 def _result(
@@ -104,20 +136,42 @@ def _result(
     threaded: ThreadedDataParallel | None,
     pipe: Pipeline | None,
     segments: int,
+    experts: ExpertParallel | None = None,
 ) -> Parallelized:
-    """The result, with what the optimizer steps: the ZeRO shards, or the whole model's parameters."""
-    made = Parallelized(model, threaded, pipe, [], segments)
+    """The result, with what the optimizer steps: the ZeRO shards (and the experts, which ZeRO leaves
+    to ExpertParallel), or the whole model's parameters."""
+    made = Parallelized(model, threaded, pipe, [], segments, experts)
     sharded = made.sharded
-    made.trained = list(net.parameters()) if sharded is None else sharded.shard_parameters()
+    if sharded is None:
+        made.trained = list(net.parameters())
+    elif experts is None:
+        made.trained = sharded.shard_parameters() + expert_parameters(net)
+    else:  # the experts' states sharded over their expert-data-parallel group
+        made.trained = sharded.shard_parameters() + experts.shard_states(sharded.algorithm)
     return made
 
 
+def context_parallel(net: nn.Module, cfg: TrainConfig, mesh: Mesh) -> ContextParallel:
+    """`net`'s attention over the whole sequence, of which this rank of the CP group holds a share.
+
+    The input is sharded as it enters the model (under --pp, its first layer) and, in eval mode,
+    the output gathered as it leaves (the last layer); the loss shards the labels the same way.
+    """
+    cp = ContextParallel(mesh.cp_group, cfg.get("cp_comm"), timeout_s=cfg.get("timeout_s"))
+    if cfg.pp > 1:
+        layers = model_layers(net)
+        cp.apply(net, layers[0], layers[-1])
+    else:
+        cp.apply(net)
+    return cp
+
+
 def data_parallel(module: nn.Module, cfg: TrainConfig, mesh: Mesh, overlap: bool) -> DataParallel:
-    """`module` replicated over the DP group: DDP's buckets (--zero 0), or ZeRO's shards (1-3)."""
+    """`module` replicated over the DP x CP group: DDP's buckets (--zero 0), or ZeRO's shards (1-3)."""
     if cfg.zero:
         return ShardedDataParallel(
             module,
-            mesh.dp_group,
+            mesh.dp_cp_group,
             zero=cfg.zero,
             algorithm=cfg.algorithm,
             bucket_cap_mb=cfg.get("bucket_mb"),
@@ -130,7 +184,7 @@ def data_parallel(module: nn.Module, cfg: TrainConfig, mesh: Mesh, overlap: bool
         compression=cfg.compression,
         overlap=overlap,
         timeout_s=cfg.get("timeout_s"),
-        process_group=mesh.dp_group,
+        process_group=mesh.dp_cp_group,
     )
 
 
@@ -214,6 +268,20 @@ def thread_devices(cfg: TrainConfig) -> list[torch.device]:
 def check(net: nn.Module, cfg: TrainConfig) -> None:
     """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
     tensor_parallel.check(net, cfg)
+    if cfg.cp > 1:
+        check_context(net, cfg)
+    if cfg.ep > 1:
+        moes = moe_layers(net)
+        if not moes:
+            raise ValueError(
+                f"--ep {cfg.ep} splits the experts of MoE layers, and {type(net).__name__} has none; "
+                "use --model moe (or ringtree.parallel.MoE in your model) or drop --ep"
+            )
+        for layer in moes:
+            if layer.num_experts % cfg.ep:
+                raise ValueError(
+                    f"--ep {cfg.ep} must divide the {layer.num_experts} experts of each MoE layer"
+                )
     if cfg.pp > 1 and getattr(getattr(net, "cfg", None), "tied", False):
         raise ValueError(
             "--pp puts the embedding and the output head on different stages, so they cannot share "
@@ -235,3 +303,32 @@ def check(net: nn.Module, cfg: TrainConfig) -> None:
                 f"--pp {cfg.pp} x --virtual-stages {virtual_stages(cfg)} = {chunks} chunks, more than the "
                 f"{len(layers)} layers of the model; use fewer virtual stages"
             )
+
+
+def check_context(net: nn.Module, cfg: TrainConfig) -> None:
+    """ValueError for --cp on a model without attention ContextParallel can split, or heads that
+    --cp-comm all-to-all cannot share out."""
+    if not has_attention(net):
+        raise ValueError(
+            f"--cp {cfg.cp} splits each sequence for the model's attention, but {type(net).__name__} has "
+            "none (no ringtree.parallel.SDPA module); drop --cp or use --model gpt"
+        )
+    check_cp = getattr(net, "check_cp", None)
+    if check_cp is not None:
+        check_cp(cfg.cp, cfg.tp, cfg.get("cp_comm"))
+
+
+def check_sequence(data: Dataset[Any], cfg: TrainConfig) -> None:
+    """ValueError when the data set's sequences do not cut into 2 x cp chunks (head-tail)."""
+    if cfg.cp == 1 or isinstance(data, IterableDataset):
+        return
+    first = data[0][0]
+    if not isinstance(first, torch.Tensor) or first.dim() == 0:
+        raise ValueError(f"--cp {cfg.cp} splits sequences, but the inputs are not sequences; drop --cp")
+    t, n = first.shape[0], 2 * cfg.cp
+    if t % n:
+        ok = [c for c in range(2, t // 2 + 1) if t % (2 * c) == 0]
+        raise ValueError(
+            f"--cp {cfg.cp} cuts each sequence into 2 x cp = {n} chunks (head-tail), but the sequences "
+            f"hold {t} tokens; choose --cp among {ok} (2 x cp must divide {t})"
+        )

@@ -22,6 +22,8 @@ METRIC_KEYS = (
     "dp",
     "tp",
     "pp",
+    "cp",  # context-parallel ranks each sequence is split over (the option's key too)
+    "ep",  # expert-parallel ranks (1: every rank holds every expert)
     "backend",
     "parameters",  # the whole model's, whatever its TP and PP shards
     "model_state_mb",  # parameters + gradients + optimizer states held by the fullest rank (MiB)
@@ -40,6 +42,14 @@ THREAD_KEYS = (  # --mode dp-threads: the last step's work per device, and max /
     "devices",
     "device_held_bytes",  # outputs (all of them on device 0 unless balanced), labels and losses held
     "device_imbalance",  # of the held bytes on CPU copies, of the peak memory on GPUs
+)
+MOE_KEYS = (  # a model with MoE layers
+    "experts",  # routed experts per MoE layer (the most of any layer)
+    "top_k",
+    "expert_load",  # max / mean tokens per expert, the last step's worst layer (1: balanced)
+    "tokens_dropped",  # fraction of token copies the capacity dropped over the run
+    "a2a_time_s",  # seconds per step in the token dispatch's all-to-alls, slowest rank
+    "a2a_exposed_s",  # of it, the part nothing overlapped
 )
 PIPELINE_KEYS = (
     "bubble_fraction",
@@ -62,6 +72,8 @@ def build_summary(metrics: dict[str, Any], cfg: TrainConfig, names: dict[str, st
         out |= {k: metrics[k] for k in PIPELINE_KEYS}
     if cfg.mode in THREAD_MODES:
         out |= {k: metrics[k] for k in THREAD_KEYS}
+    if "expert_load" in metrics:
+        out |= {k: metrics[k] for k in MOE_KEYS}
     for key, value in (effective(cfg) | names).items():
         out.setdefault(key, value)
     return out

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
 from ringtree.parallel.dp_threads import ThreadedDataParallel
+from ringtree.parallel.moe import CLOCK as A2A_CLOCK
 from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import interrupt, memory
@@ -42,11 +43,12 @@ from ringtree.train.config import TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.loss import TrainingLoss
-from ringtree.train.metrics import Meter
+from ringtree.train.metrics import Meter, moe_metrics
 from ringtree.train.parallelize import (
     DataParallel,
     Pipeline,
     check,
+    check_sequence,
     parallelize,
     virtual_stages,
 )
@@ -103,6 +105,7 @@ class Trainer:
             "loss": getattr(loss_fn, "__name__", type(loss_fn).__name__),
         }
         check(self.net, self.cfg)
+        check_sequence(train_dataset, self.cfg)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, trace: bool = False) -> Trainer:
@@ -111,7 +114,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # every rank builds the same model
         names = {"model": cfg.model, "dataset": cfg.dataset, "loss": cfg.loss}
         return cls(
-            make_model(cfg.model),
+            make_model(cfg.model, cfg),
             train_set,
             make_loss(cfg.loss),
             cfg,
@@ -137,9 +140,9 @@ class Trainer:
 def preflight(cfg: TrainConfig) -> None:
     """Load what the config names (a user's factories too) and check the model fits the layout:
     ValueError here, in the launching process, instead of a traceback from every worker."""
-    make_datasets(cfg.dataset)
+    check_sequence(make_datasets(cfg.dataset)[0], cfg)
     make_loss(cfg.loss)
-    model = make_model(cfg.model)
+    model = make_model(cfg.model, cfg)
     check(model, cfg)
     if cfg.teacher is not None:
         load_teacher(cfg.teacher, make_model, report=print)  # a damaged file is named here, once
@@ -188,7 +191,7 @@ class _Run:
         check_world(cfg, dist.get_world_size())
         self.rank = dist.get_rank()
         self.device = _device(cfg)
-        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp)
+        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
         dense = [(n, tuple(p.shape)) for n, p in self.net.named_parameters()]  # what checkpoints key
@@ -209,6 +212,9 @@ class _Run:
         self.optimizer = torch.optim.AdamW(
             self.parallel.trained, lr=cfg.get("lr"), weight_decay=cfg.weight_decay
         )
+        if self.parallel.experts is not None:  # expert gradients and router biases before each step
+            self.parallel.experts.register(self.optimizer)
+        self.a2a_s: list[float] = []  # per step: seconds in the MoE layers' all-to-alls
         self.checkpointer = Checkpointer(
             cfg, self.net, self.optimizer, self.parallel, self.mesh, self.amp, trainer.names["model"], dense
         )
@@ -259,6 +265,7 @@ class _Run:
         per_epoch = self._steps_per_epoch(loader) if sized else None
         total = None if per_epoch is None else cfg.get("epochs") * per_epoch
         description = f"{self.t.names['model']}, dp {self.mesh.dp} x tp {cfg.tp} x pp {cfg.pp}"
+        description += f" x cp {cfg.cp}" if cfg.cp > 1 else ""
         first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
         board = interrupt.publisher() if self.rank == 0 else None  # where Ctrl-C finds the step
         if board is not None:
@@ -327,7 +334,7 @@ class _Run:
         return 1
 
     def _train_unit(self, unit: list[Any]) -> None:
-        start = time.perf_counter()
+        start, a2a = time.perf_counter(), A2A_CLOCK.seconds
         self.loss.reset()
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipe is None:
@@ -336,6 +343,7 @@ class _Run:
             samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
         elapsed = time.perf_counter() - start
         self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
+        self.a2a_s.append(A2A_CLOCK.seconds - a2a)
         held = memory.model_state_bytes(self.net, self.optimizer)
         self.model_state_bytes = max(self.model_state_bytes, held)
         if self.stragglers is not None:  # own work: the step less the wait for the others' gradients
@@ -427,7 +435,7 @@ class _Run:
 
         def agree(ok: bool) -> bool:
             flag = torch.tensor([1.0 if ok else 0.0], device=self.device)
-            groups = [None] if pipeline_wide else [self.mesh.tp_group, self.mesh.dp_group]
+            groups = [None] if pipeline_wide else [self.mesh.tp_group, self.mesh.dp_cp_group]
             for group in groups:  # pipedream: stages step at different times, so only within a stage
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
             return bool(flag.item() == 1.0)
@@ -502,6 +510,8 @@ class _Run:
             "dp": mesh.dp,
             "tp": mesh.tp,
             "pp": mesh.pp,
+            "cp": mesh.cp,
+            "ep": cfg.ep,
             "backend": dist.get_backend(),
             "parameters": self.parameters,
             "steps": self.step,
@@ -516,6 +526,8 @@ class _Run:
         }
         if self.pipe is not None:
             metrics |= self._pipeline_metrics(self.pipe_record)
+        if self.parallel.experts is not None:
+            metrics |= moe_metrics(self.parallel.experts, self.a2a_s, self.device)
         if self.threaded is not None:
             stats = self.threaded.stats()
             metrics |= {

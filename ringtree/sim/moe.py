@@ -1,0 +1,81 @@
+"""A mixture-of-experts layer on one rank under expert parallelism: its tokens, matmuls and traffic.
+
+The expert mesh folds over the attention's TP x CP x DP ranks (Megatron-Core's "MoE parallel
+folding": attention TP x CP x DP x PP, experts ETP x EP x expert-DP x PP; torchtitan's EP over
+dp_shard x cp x tp). With TP, the MoE layer's tokens are split over the TP ranks (sequence
+parallelism, which Megatron-Core requires with MoE and TP), so each rank routes b s / (c t) tokens,
+k copies each, to the experts of its EP group; each EP rank holds E / EP experts, their matrices split
+over ETP ranks, which gather each other's tokens. Per micro-batch and MoE layer the alltoall
+dispatcher runs a dispatch and a combine all-to-all forward, and their mirror images backward ("the
+backward pass of MoE dispatch is actually a combine", DeepEP), each rank sending its routed rows of
+h 16-bit values; the allgather dispatcher (Megatron-Core's default) all-gathers every rank's tokens
+over the EP x ETP group and reduce-scatters the outputs. The busiest rank receives
+`Training.expert_load` x the mean (balanced routing, as the published benchmarks force it, is 1).
+"""
+
+from __future__ import annotations
+
+from ringtree.sim import compute, fp8
+from ringtree.sim.clusters import GPU
+from ringtree.sim.layout import Training
+from ringtree.sim.transformer import Transformer
+
+ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
+
+
+def routed_tokens(model: Transformer, run: Training) -> float:
+    """Tokens each rank routes per micro-batch: its b s / (c t) of the sequence."""
+    return run.micro_batch * model.seq / (run.cp * run.tp)
+
+
+def expert_rows(model: Transformer, run: Training) -> float:
+    """Rows the busiest rank's experts compute per micro-batch: its routed tokens' k copies at the
+    expert load, gathered over the ETP ranks that split each expert."""
+    return routed_tokens(model, run) * model.top_k * run.expert_load * run.etp
+
+
+def mlp_s(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float]:
+    """The MoE layer's matmuls (router, routed experts as grouped matmuls, shared experts) on one rank,
+    forward and backward."""
+    groups = model.experts // run.ep
+    rows = expert_rows(model, run) / groups  # per local expert
+    width = model.moe_ffn_hidden // run.etp
+    up = fp8.linear_s(rows, (model.gated - 1) * width, model.hidden, gpu, run.dtype, run.fp8_recipe, groups)
+    down = fp8.linear_s(rows, model.hidden, width, gpu, run.dtype, run.fp8_recipe, groups)
+    router = compute.gemm_s(round(routed_tokens(model, run)), model.experts, model.hidden, gpu, "bf16")
+    forward, backward = up[0] + down[0] + router, up[1] + down[1] + 2 * router
+    if model.shared_experts:
+        tokens = run.micro_batch * model.seq // run.cp
+        shared = model.shared_experts * model.moe_ffn_hidden // run.tp
+        for n, k in (((model.gated - 1) * shared, model.hidden), (model.hidden, shared)):
+            f, b = fp8.linear_s(tokens, n, k, gpu, run.dtype, run.fp8_recipe)
+            forward, backward = forward + f, backward + b
+    return forward, backward
+
+
+def dispatch_bytes(model: Transformer, run: Training) -> int:
+    """What the busiest rank's dispatch (or combine) all-to-all moves: its routed rows of h values."""
+    return int(routed_tokens(model, run) * model.top_k * run.expert_load * model.hidden * ITEMSIZE)
+
+
+def gather_bytes(model: Transformer, run: Training) -> int:
+    """The allgather dispatcher's output: every token of the EP x ETP group, h values each."""
+    return int(routed_tokens(model, run) * run.ep * run.etp * model.hidden * ITEMSIZE)
+
+
+def etp_bytes(model: Transformer, run: Training) -> int:
+    """With ETP: the all-gather of the routed rows over the ETP ranks (and the reduce-scatter back)."""
+    return int(expert_rows(model, run) * model.hidden * ITEMSIZE) if run.etp > 1 else 0
+
+
+def activation_bytes(model: Transformer, run: Training) -> float:
+    """The MoE layer's stored tensors besides the attention's: the router's fp32 scores, the dispatched
+    rows and the experts' outputs (h each), the experts' intermediate tensors (as a dense MLP's, 6
+    bytes per width under SwiGLU, 4 under GeLU), and the shared experts' as a dense MLP of their width."""
+    per_width = 6 if model.mlp == "swiglu" else 4
+    rows = expert_rows(model, run)
+    routed = rows * (2 * model.hidden * ITEMSIZE + per_width * model.moe_ffn_hidden / run.etp)
+    scores = 4 * routed_tokens(model, run) * model.experts
+    tokens = run.micro_batch * model.seq / run.cp
+    shared = per_width * tokens * model.shared_experts * model.moe_ffn_hidden / run.tp
+    return routed + scores + shared

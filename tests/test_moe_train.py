@@ -1,0 +1,91 @@
+"""--model moe in the trainer: MoE x EP x ZeRO x TP x PP, and MoE x CP x EP (EP over DP x CP), train
+to the losses of one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ringtree.launch import spawn
+from ringtree.train import TrainConfig, Trainer
+
+SMALL = {
+    "model": "moe",
+    "dataset": "tests.moe_data:small",
+    "epochs": 1,
+    "progress": False,
+    "straggler_every": 0,
+}
+
+
+def _train(rank: int, options: dict[str, Any]) -> dict[str, Any]:
+    return Trainer.from_config(TrainConfig(**SMALL, **options)).fit()
+
+
+@pytest.mark.parametrize("ep", [2])
+def test_moe_with_ep_zero_tp_and_pp_trains_to_the_losses_of_one_process(ep: int) -> None:
+    plain = _train(0, {"batch_size": 64})  # a world of one: the same 64 sequences a step as DP 2 x 32
+    composed = {"ep": ep, "zero": 1, "tp": 2, "pp": 2, "micro_batches": 2, "batch_size": 16}
+    every = spawn(_train, 8, (composed,), timeout_s=240)[0]
+    assert (plain["dp"], plain["ep"], every["dp"], every["ep"], every["tp"], every["pp"]) == (
+        1,
+        1,
+        2,
+        ep,
+        2,
+        2,
+    )
+    assert plain["steps"] == every["steps"] == 4
+    for key in ("train_loss", "final_loss", "test_loss"):
+        assert every[key] == pytest.approx(plain[key], rel=1e-4), key
+    assert every["experts"] == 8 and every["top_k"] == 2 and every["tokens_dropped"] == 0.0
+    assert every["a2a_time_s"] > 0.0 and plain["a2a_time_s"] == 0.0
+    context = spawn(_train, 4, ({"cp": 2, "ep": 4, "batch_size": 32},), timeout_s=240)[0]
+    assert (context["dp"], context["cp"], context["ep"]) == (2, 2, 4)  # EP folded over DP x CP
+    for key in ("train_loss", "final_loss", "test_loss"):
+        assert context[key] == pytest.approx(plain[key], rel=1e-4), key
+
+
+def test_every_moe_option_trains_in_a_world_of_one() -> None:
+    options = {
+        "moe_every": 2,
+        "shared_experts": 1,
+        "router_score": "sigmoid",
+        "router_aux_loss": 0.01,
+        "capacity_factor": 1.0,
+        "batch_size": 64,
+    }
+    summary = Trainer.from_config(TrainConfig(**SMALL, **options)).fit()
+    assert summary["steps"] == 4 and summary["final_loss"] < summary["test_loss"] * 10
+    assert 0.0 < summary["tokens_dropped"] < 0.5  # capacity 1.0 drops what exceeds the balanced load
+    assert (summary["experts"], summary["ep"], summary["capacity_factor"]) == (8, 1, 1.0)
+    assert summary["router_aux_loss"] == 0.01 and summary["moe_every"] == 2
+
+
+def test_the_expert_bias_moves_toward_the_underloaded_experts_at_the_step() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ringtree.parallel import ExpertParallel, MoE
+
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        layer = MoE(8, 8, 4, top_k=1, bias_rate=0.1)
+        parallel = ExpertParallel(1)
+        parallel.apply(layer)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)
+        parallel.register(optimizer)
+        with torch.no_grad():
+            layer.router.expert_bias.copy_(torch.tensor([5.0, 0.0, 0.0, 0.0]))
+        for _ in range(2):  # accumulation: both micro-batches counted at the one step
+            layer(torch.randn(16, 8)).sum().backward()
+        assert layer.router.tokens_per_expert.tolist() == [32.0, 0.0, 0.0, 0.0]
+        optimizer.step()
+        bias = layer.router.expert_bias.tolist()
+        assert bias == pytest.approx([4.85, 0.05, 0.05, 0.05])  # -0.1 and +0.1 x 3, centred
+        assert parallel.load == 4.0 and layer.router.tokens_per_expert.sum() == 0
+    finally:
+        dist.destroy_process_group()
