@@ -322,6 +322,11 @@ OUTPUTS: dict[str, Output] = {
             "checkpoint_segments": (
                 "activation-checkpointed segments (0: none), as the stages made them; stands for the option"
             ),
+            "checkpoint_s": (
+                "the median seconds the training loop waited per checkpoint save, on the slowest rank "
+                "(with `--checkpoint-async`: the copy to host memory, not the write; see "
+                "[checkpoints](../checkpoints.md)); null without `--checkpoint-dir`"
+            ),
             "distilled_from": "the teacher's checkpoint; else null",
             "bubble_fraction": "under `--pp`: measured idle fraction of the pipeline",
             "theoretical_bubble_fraction": "under `--pp`: the schedule's (p-1)/(m+p-1) or its own",
@@ -351,6 +356,24 @@ OUTPUTS: dict[str, Output] = {
                 "the model's recipe the unset `--lr`, `--epochs`, `--batch-size` came from (`default` for"
                 " a factory)"
             ),
+        },
+    ),
+    "checkpoint-inspect": Output(
+        "ringtree checkpoint inspect DIR --json FILE",
+        "one object: what the checkpoint holds and whether it verifies",
+        {
+            "path": "the checkpoint read: a `step-<N>.pt` file or a `step-<N>.dcp` folder",
+            "kind": "dense or sharded",
+            "step": "the optimizer step it was saved at",
+            "model_name": "the model's class name",
+            "layout": "the layout it was saved at (world size, dp, tp, pp, cp, zero); null when unrecorded",
+            "files": "every file of it",
+            "files[].name": "the file's name",
+            "files[].bytes": "its size",
+            "files[].sha256": "its SHA-256",
+            "bytes": "the files' total size",
+            "verifies": "whether every file matches its record",
+            "problem": "why it does not verify; else null",
         },
     ),
     "emulate": Output(

@@ -99,3 +99,14 @@ def test_calibrate_writes_the_documented_keys_once(tmp_path: Path) -> None:
     assert set(keys(data)) <= set(table), set(keys(data)) - set(table)
     assert set(table) - set(keys(data)) == {"inter_bandwidth_Bps"}  # two-level bench fits only
     assert not {"rows", "rms_rel_error", "max_rel_error", "levels"} & set(data["nccl"])  # the top's
+
+
+def test_checkpoint_inspect_json_has_the_documented_keys(tmp_path: Path) -> None:
+    data = TensorDataset(__import__("torch").randn(32, 4), __import__("torch").randint(0, 2, (32,)))
+    cfg = TrainConfig(epochs=1, batch_size=16, progress=False, checkpoint_dir=str(tmp_path / "ck"))
+    Trainer(nn.Linear(4, 2), data, nn.CrossEntropyLoss(), cfg).fit()
+    out = tmp_path / "inspect.json"
+    result = CliRunner().invoke(app, ["checkpoint", "inspect", str(tmp_path / "ck"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    table = documented("checkpoints.md", "checkpoint-inspect")
+    assert sorted(keys(json.loads(out.read_text()))) == sorted(table)

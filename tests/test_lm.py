@@ -180,7 +180,8 @@ def _world(rank: int) -> dict[str, Any]:
     sharded, ids = GPT(), sort_task(2)[0]
     parallelize(sharded, GPT.tp_plan, None, sequence_parallel=True)
     dense = GPT()
-    dense.load_state_dict(model_state(sharded, "gpt"))  # what a checkpoint of `--model gpt --tp 2` holds
+    names = [(n, tuple(q.shape)) for n, q in dense.named_parameters()]
+    dense.load_state_dict(model_state(sharded, names))  # what a checkpoint of `--model gpt --tp 2` holds
     out["saved_dense_vs_tp"] = float((dense(ids) - sharded(ids)).abs().max())
     return out
 

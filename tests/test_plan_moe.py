@@ -251,6 +251,30 @@ def test_dispatcher_overlap_and_bad_words(tmp_path: Path) -> None:
         assert result.exit_code == 2, result.output
 
 
+def test_moe_layers_wait_for_the_host_once_per_forward_whatever_the_dispatcher(tmp_path: Path) -> None:
+    """In dropless training each MoE layer's forward waits for the token counts on the host (Megatron-
+    Core's alltoall splits, HybridEP's buffer sizes, the grouped GEMM's host list): one
+    `moe.host_sync_s` per MoE layer and micro-batch, exposed in ep_comm_s, the same under `flex` as
+    under `alltoall` (the same routed bytes); a dense model waits for nothing."""
+    from ringtree.sim import moe
+
+    model, run = MODELS["qwen3-30b-a3b"], Training(64, 1, 1, 1, "bf16", ep=16)
+    synced = work(model, run, H100, 16)
+    flex = work(model, dataclasses.replace(run, moe_dispatcher="flex"), H100, 16)
+    assert synced.ep_sync_s == pytest.approx(model.moe_layer_count * moe.host_sync_s())
+    assert synced.ep_sync_s > 0
+    assert flex.ep_sync_s == synced.ep_sync_s and flex.ep_bytes == synced.ep_bytes
+    assert work(MODELS["llama3-8b"], Training(64, 1, 1, 1, "bf16"), H100, 16).ep_sync_s == 0.0
+    common = ["--model", "qwen3-30b-a3b", "--global-batch", "64", "--seq", "4096", "--ep", "16",
+              "--gpus", "16", "--cluster", "dgx-h100", "--dtype", "bf16"]  # fmt: skip
+    exposed = {}
+    for word in ("alltoall", "flex"):
+        code, output, data = _plan(tmp_path, *common, "--moe-dispatcher", word)
+        assert code == 0, output
+        exposed[word] = data["breakdown"]["ep_comm_s"]  # type: ignore[index]
+    assert exposed["flex"] == exposed["alltoall"] >= 4 * synced.ep_sync_s
+
+
 def test_fp8_speedups_meet_the_llama3_8b_anchors() -> None:
     """Llama 3 8B on 8 H100s as torchtitan runs it (FSDP, compiled, per-op AC): the published FP8
     speed-ups are 1.28x (torchtitan, tensorwise), 1.25x (torchao, tensorwise) and 1.10x (torchao,

@@ -45,3 +45,40 @@ def test_a_killed_worker_resumes_and_ends_where_an_uninterrupted_run_ends(
     b = torch.load(tmp_path / "killed" / "last.pt", weights_only=True)["model"]
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+SHARDED = ["--zero", "3", "--model", "restart_data:tiny_tp", "--lr", "3e-3", "--checkpoint-every", "2"]
+
+
+def _accuracy_within_a_point(killed: dict[str, object], whole: dict[str, object]) -> None:
+    assert abs(float(killed["accuracy"]) - float(whole["accuracy"])) <= 0.01  # type: ignore[arg-type]
+
+
+def test_a_kill_during_a_sharded_save_resumes_from_the_one_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DP 2 under ZeRO-3: rank 1 dies writing the 3rd checkpoint (step 6); the run resumes at 4."""
+    layout = [*SHARDED, "--nproc", "2"]
+    whole = _train(layout, tmp_path / "whole")
+    monkeypatch.setenv("RINGTREE_TEST_KILL_IN_SAVE", "3")
+    killed = _train([*layout, "--max-restarts", "1"], tmp_path / "killed")
+    assert killed["restarts"] == 1 and killed["resumed_from_step"] == 4
+    assert killed["steps"] == whole["steps"]
+    _accuracy_within_a_point(killed, whole)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["mid-run", "mid-save"])
+def test_a_killed_worker_under_zero3_tp2_pp2_at_8_ranks_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    layout = [*SHARDED, "--nproc", "8", "--tp", "2", "--pp", "2"]
+    whole = _train(layout, tmp_path / "whole")
+    if where == "mid-run":  # 4 micro-batches of 32 a step: dies in step 5
+        monkeypatch.setenv("RINGTREE_TEST_KILL_AFTER", "600")
+    else:
+        monkeypatch.setenv("RINGTREE_TEST_KILL_IN_SAVE", "2")  # the save at step 4
+    killed = _train([*layout, "--max-restarts", "1"], tmp_path / "killed")
+    assert killed["restarts"] == 1 and killed["resumed_from_step"] == (4 if where == "mid-run" else 2)
+    assert killed["steps"] == whole["steps"]
+    _accuracy_within_a_point(killed, whole)

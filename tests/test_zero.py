@@ -15,6 +15,7 @@ from torch import nn
 
 from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
+from ringtree.parallel.shards import local
 
 STEPS = 3
 B = 4  # samples per rank per micro-batch
@@ -65,7 +66,7 @@ def train(
         elif clip is not None:
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)  # torch's, on the whole gradients
         opt.step()
-    shard_numel = sum(q.numel() for q in params)
+    shard_numel = sum(local(q).numel() for q in params)
     if isinstance(model, ShardedDataParallel):
         model.close()
     return {"params": flat(net), "losses": torch.tensor(losses), "shard_numel": shard_numel}

@@ -18,6 +18,7 @@ from ringtree.launch import spawn
 from ringtree.parallel import ShardedDataParallel
 from ringtree.train import sharded_checkpoint
 from ringtree.train.checkpoint import CheckpointError
+from ringtree.train.layout import Place, whole
 
 BUCKET_MB = 2000 / (1 << 20)
 
@@ -30,11 +31,11 @@ def make_net(seed: int) -> nn.Module:
 def sharded(rank: int, zero: int) -> tuple[nn.Module, ShardedDataParallel, torch.optim.Optimizer]:
     net = make_net(rank)
     model = ShardedDataParallel(net, zero=zero, bucket_cap_mb=BUCKET_MB)
-    return net, model, torch.optim.AdamW(model.shard_parameters(), lr=1e-2)
+    return net, model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def names(net: nn.Module) -> dict[int, str]:
-    return {id(p): n for n, p in net.named_parameters()}
+def names(net: nn.Module) -> dict[int, Place]:
+    return whole(net)
 
 
 def case_save(rank: int, folder: str, seed: int = 0) -> None:
@@ -75,7 +76,8 @@ def dense(folder: Path) -> dict[str, Any]:
     found = sharded_checkpoint.find(folder)
     assert found is not None
     net = make_net(99)
-    return sharded_checkpoint.dense_state(found[0], net, torch.optim.AdamW(net.parameters()))
+    dense = [(n, tuple(p.shape)) for n, p in net.named_parameters()]
+    return sharded_checkpoint.dense_state(found[0], dense, torch.optim.AdamW(net.parameters()))
 
 
 def test_saved_at_4_loads_at_2_and_dense(saved: Path) -> None:

@@ -1,4 +1,5 @@
-"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | show | doctor | emulate`."""
+"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | show | doctor | emulate`,
+`ringtree checkpoint inspect | consolidate`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 
 from ringtree.cli import (
     bench,  # noqa: F401  (registers its subcommand)
+    checkpoint,  # noqa: F401  (registers its subcommands)
     doctor,  # noqa: F401  (registers its subcommand)
     emulate,  # noqa: F401  (registers its subcommand)
     show,  # noqa: F401  (registers its subcommand)

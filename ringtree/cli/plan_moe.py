@@ -89,7 +89,11 @@ OPTIONS: dict[str, tuple[type, Any]] = {
     "sliding_window": _option(int, "Every other layer attends to its last W keys (gpt-oss: 128).", MODEL),
     "ep": _option(int, "Expert-parallel degree, folded over TP x CP x DP.", LAYOUT),
     "etp": _option(int, "Expert tensor-parallel degree (default 1).", LAYOUT),
-    "moe_dispatcher": _option(str, "MoE token dispatcher: alltoall (default) or allgather.", LAYOUT),
+    "moe_dispatcher": _option(
+        str,
+        "MoE token dispatcher: alltoall (default), allgather or flex (DeepEP/HybridEP, priced as alltoall).",
+        LAYOUT,
+    ),
     "expert_imbalance": _option(
         float, "The busiest expert rank's tokens over the mean (default 1.0).", LAYOUT
     ),

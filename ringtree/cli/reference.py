@@ -27,9 +27,10 @@ def commands_markdown() -> str:
     group: Any = typer.main.get_command(app)
     lines = ["# Commands", "", HEADER, "", "`ringtree --version` prints the version; `--help` after any"]
     lines += ["command prints the same options as this page.", ""]
-    for name, command in group.commands.items():
-        lines.append(f"- [`ringtree {name}`](#ringtree-{name}): {_first(command.help)}")
-    for name, command in group.commands.items():
+    commands = _commands(group)
+    for name, command in commands:
+        lines.append(f"- [`ringtree {name}`](#ringtree-{name.replace(' ', '-')}): {_first(command.help)}")
+    for name, command in commands:
         lines += ["", f"## ringtree {name}", "", _text(command.help), ""]
         panels: dict[str, list[str]] = {}
         for p in command.params:
@@ -42,6 +43,15 @@ def commands_markdown() -> str:
             lines += [*rows, ""]
         lines.pop()
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _commands(group: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every command by its full name; a group's (`checkpoint`) as `checkpoint inspect`, ...."""
+    out: list[tuple[str, Any]] = []
+    for name, command in group.commands.items():
+        sub = getattr(command, "commands", None)
+        out += _commands(command, f"{prefix}{name} ") if sub else [(f"{prefix}{name}", command)]
+    return out
 
 
 def _option(p: Any) -> str:

@@ -3,6 +3,10 @@
 The parameters are grouped into DDP's fusion buckets (reverse registration order). Each bucket is
 one flat buffer padded to a multiple of the group size p; DP rank r owns block r of every bucket:
 its `shard` (an fp32 nn.Parameter, the only thing the optimizer steps) and the shard's gradient.
+As FSDP2's are, the shards are DTensors (Shard(0) of the padded bucket over the DP group), and
+they are what `parameters()` and `state_dict()` give: torch's optimizers, `clip_grad_norm_` and LR
+schedulers work on `model.parameters()` unchanged. An optimizer built over the wrapped module's
+whole parameters instead (which never get a gradient here) is refused at its first step.
 
 - zero 1: gradients accumulate whole in `.grad`; the synchronizing backward moves them into the
   bucket, all-reduces it and steps with block r of it (optimizer states are 1/p).
@@ -32,15 +36,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.hooks import RemovableHandle
 
 from ringtree import comm
 from ringtree.comm import CollectiveError
 from ringtree.parallel.buckets import MB, assign
 from ringtree.parallel.ddp import SyncStats, SyncSwitch, _union
+from ringtree.parallel.guard import guard_whole_parameters, unguard
 from ringtree.parallel.launcher import Span
 from ringtree.parallel.replicas import broadcast_state, replicated
-from ringtree.parallel.shards import FlatBucket, flatten
+from ringtree.parallel.shard_state import ShardStateDicts
+from ringtree.parallel.shards import FlatBucket, flatten, local
 
 ZERO_STAGES = (1, 2, 3)
 
@@ -51,15 +58,17 @@ def zero_algorithms() -> list[str]:
     return [a for a in comm.algorithms("reduce_scatter") if a in gather]
 
 
-class ShardedDataParallel(SyncSwitch, nn.Module):
-    """ZeRO stage `zero` (1, 2 or 3) over `process_group`; step `shard_parameters()` with any optimizer.
+class ShardedDataParallel(SyncSwitch, ShardStateDicts):
+    """ZeRO stage `zero` (1, 2 or 3) over `process_group`; step `parameters()` with any optimizer.
 
     ```python
     model = ShardedDataParallel(net, zero=3, algorithm="ring")
-    opt = torch.optim.AdamW(model.shard_parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # this rank's shards
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the norm over every rank
     ```
-    `no_sync()` and `sync_next_backward()` work as in DistributedDataParallel. `close()` leaves
-    the whole trained parameters in `module` (for evaluation, comparison, a dense save).
+    `no_sync()` and `sync_next_backward()` work as in DistributedDataParallel. `full_state_dict()`
+    gathers a dense copy, `load_full_state_dict()` cuts one into the shards. `close()` leaves the
+    whole trained parameters in `module` (for evaluation, comparison, a dense save).
     """
 
     def __init__(
@@ -87,10 +96,13 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
         spread = "native" if algorithm == "native" else "tree"
         broadcast_state(module, process_group, spread, timeout_s, src=src)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad and replicated(p)]
+        first = named[0][1].device.type if named else "cpu"
+        mesh = DeviceMesh.from_group(process_group or dist.group.WORLD, first)  # type: ignore[arg-type]
         self.buckets = [
-            flatten(j, [named[k] for k in members], self.world_size, self.rank, separate=zero == 3)
+            flatten(j, [named[k] for k in members], self.world_size, self.rank, separate=zero == 3, mesh=mesh)
             for j, members in enumerate(assign(named, int(bucket_cap_mb * MB)))
         ]
+        guard_whole_parameters(p for _, p in named)
         self._handles: list[RemovableHandle] = []
         self._sync_enabled, self._expect_sync, self._in_backward = True, False, False
         self._next, self._validated = 0, False
@@ -111,7 +123,7 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
     # -- the public surface -------------------------------------------------------------------
 
     def shard_parameters(self) -> list[nn.Parameter]:
-        """This rank's flat shards, one per bucket: what the optimizer steps."""
+        """This rank's flat shards, one per bucket: what the optimizer steps (= `parameters()`)."""
         return [b.shard for b in self.buckets]
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -137,8 +149,8 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
         The squared norms of every rank's shards are summed with one all-reduce (the padding
         holds zeros, so nothing is counted twice).
         """
-        grads = [b.shard.grad for b in self.buckets if b.shard.grad is not None]
-        device = self.buckets[0].shard.device if self.buckets else torch.device("cpu")
+        grads = [local(b.shard.grad) for b in self.buckets if b.shard.grad is not None]
+        device = self.buckets[0].local.device if self.buckets else torch.device("cpu")
         sq = torch.zeros((), device=device)
         for g in grads:
             sq = sq + g.float().pow(2).sum()
@@ -164,6 +176,7 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
         self._handles.clear()
         for b in self.buckets:
             b.pinned = True
+            unguard(b.params)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __del__(self) -> None:
@@ -221,7 +234,7 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
         b.mark_gathered()
 
     def _gather_job(self, b: FlatBucket) -> Callable[[], None]:
-        shard = b.shard.detach().clone()  # the input may alias a block of the output (zero 1/2)
+        shard = b.local.detach().clone()  # the input may alias a block of the output (zero 1/2)
         validate = not self._validated
 
         def gather() -> None:
@@ -348,7 +361,7 @@ class ShardedDataParallel(SyncSwitch, nn.Module):
                 comm.all_reduce(payload, "sum", self.algorithm, self.process_group, **kw)
                 block = payload[b.block]  # a view: zero 1 holds the whole reduced gradient, once
             else:
-                block = torch.empty_like(b.shard)
+                block = torch.empty_like(b.local)
                 comm.reduce_scatter(block, payload, "sum", self.algorithm, self.process_group, **kw)
             b.add_shard_grad(block)
             nbytes = payload.numel() * payload.element_size()

@@ -4,6 +4,10 @@ A bucket's parameters become views into one flat buffer `full` of `padded(numel,
 rank r owns `full[r*s : (r+1)*s]` (s = the padded size / p). With `separate`, the shard is its own
 tensor and `full` can be freed (its storage resized to 0) and gathered again, the parameters'
 views staying valid: FSDP's flat-parameter trick.
+
+Given a device mesh over the group, the shard is a DTensor (the padded flat buffer, Shard(0)),
+as FSDP2's parameters are: torch's own `clip_grad_norm_` then sums the norm over every rank, and
+the optimizer steps it like any parameter. `local` is this rank's block as a plain tensor.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 
 def padded(numel: int, p: int) -> int:
@@ -42,9 +48,14 @@ class FlatBucket:
     version: int = 0  # shard._version when `full` was last gathered
     prefetch: Future[None] | None = None  # zero 3: an all-gather started ahead of its use
 
+    @property
+    def local(self) -> torch.Tensor:
+        """This rank's block as a plain tensor (the DTensor's local part, or the shard itself)."""
+        return local(self.shard)
+
     def stepped(self) -> bool:
         """True when the optimizer changed the shard since `full` was gathered."""
-        return self.shard._version != self.version
+        return self.shard._version != self.version  # the DTensor's own: its local part's never moves
 
     def mark_gathered(self) -> None:
         self.gathered, self.version = True, self.shard._version
@@ -55,7 +66,7 @@ class FlatBucket:
 
     def free(self) -> None:
         """Release `full`'s memory (the parameters' views stay, pointing at an empty storage)."""
-        if self.shard.untyped_storage().data_ptr() != self.full.untyped_storage().data_ptr():
+        if self.local.untyped_storage().data_ptr() != self.full.untyped_storage().data_ptr():
             self.full.untyped_storage().resize_(0)
             self.gathered = False
 
@@ -88,15 +99,35 @@ class FlatBucket:
 
     def add_shard_grad(self, block: torch.Tensor) -> None:
         if self.shard.grad is None:
-            self.shard.grad = block
+            self.shard.grad = as_shard(block, self.shard)
         else:
-            self.shard.grad.add_(block)
+            local(self.shard.grad).add_(block)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local part (this rank's block); a plain tensor as it is."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def as_shard(block: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`block` as a tensor of the kind `like` is: a DTensor on its mesh, or plain."""
+    if not isinstance(like, DTensor):
+        return block
+    mesh, placements = like.device_mesh, like.placements
+    return DTensor.from_local(block, mesh, placements, shape=like.shape, stride=like.stride())
 
 
 def flatten(
-    index: int, named: list[tuple[str, nn.Parameter]], p: int, r: int, *, separate: bool
+    index: int,
+    named: list[tuple[str, nn.Parameter]],
+    p: int,
+    r: int,
+    *,
+    separate: bool,
+    mesh: DeviceMesh | None = None,
 ) -> FlatBucket:
-    """Make the parameters views into one padded flat buffer; rank r's block is its shard."""
+    """Make the parameters views into one padded flat buffer; rank r's block is its shard (a
+    DTensor over `mesh` when one is given)."""
     params = [q for _, q in named]
     offsets, total = [], 0
     for q in params:
@@ -110,5 +141,7 @@ def flatten(
             q.data = full[off : off + q.numel()].view_as(q)
     s = full.numel() // p
     block = slice(r * s, (r + 1) * s)
-    shard = nn.Parameter(full[block].clone() if separate else full[block])
+    mine = full[block].clone() if separate else full[block]
+    data = mine if mesh is None else DTensor.from_local(mine, mesh, [Shard(0)], shape=full.shape, stride=(1,))
+    shard = nn.Parameter(data)
     return FlatBucket(index, params, [n for n, _ in named], offsets, total, full, shard, block)

@@ -28,7 +28,7 @@ from ringtree.sim.plan import Layout
 from ringtree.sim.transformer import RECOMPUTE, Transformer
 
 ATTENTION_KERNELS = ("fused", "flash2")
-DISPATCHERS = ("alltoall", "allgather")  # Megatron-Core's --moe-token-dispatcher-type
+DISPATCHERS = ("alltoall", "allgather", "flex")  # Megatron-Core's --moe-token-dispatcher-type
 CP_COMMS = ("p2p", "all-gather")  # Megatron-Core's cp_comm_type "p2p" and "all_gather"
 GRAD_DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -143,7 +143,7 @@ class Training:
             raise ValueError(f"--ep and --etp must be at least 1, got {self.ep} and {self.etp}")
         if self.moe_dispatcher not in DISPATCHERS:
             raise ValueError(
-                f"unknown --moe-dispatcher {self.moe_dispatcher!r}; choose alltoall or allgather"
+                f"unknown --moe-dispatcher {self.moe_dispatcher!r}; choose alltoall, allgather or flex"
             )
         if self.expert_imbalance < 1.0:
             raise ValueError(

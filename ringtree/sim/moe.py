@@ -11,6 +11,16 @@ backward pass of MoE dispatch is actually a combine", DeepEP), each rank sending
 h 16-bit values; the allgather dispatcher (Megatron-Core's default) all-gathers every rank's tokens
 over the EP x ETP group and reduce-scatters the outputs. The busiest rank receives
 `Training.expert_load` x the mean (balanced routing, as the published benchmarks force it, is 1).
+
+In dropless training every dispatcher of these stacks waits for the host once per MoE layer forward
+(`host_sync_s`): Megatron-Core's `alltoall` copies the token counts to the host before its
+all-to-all ("A synchronization is needed before expert parallel AlltoAll communication to get the
+`input_splits` and `output_splits` CPU values", token_dispatcher.py), its `flex` dispatcher's
+HybridEP "sizes buffers dynamically (CPU sync in dispatch)" and DeepEP's normal kernels wait for the
+received counts, the grouped GEMM takes its per-expert rows as a host list (`tokens_per_expert.tolist()`,
+experts.py), torchtitan copies its splits with `.tolist()`. The GPU's queue drains and it idles until
+the host has launched the next kernel; the backward reuses the forward's counts. NVIDIA's later fused,
+"sync-free" MoE kernels keep the counts on the GPU; they are not priced.
 """
 
 from __future__ import annotations
@@ -21,6 +31,11 @@ from ringtree.sim.layout import Training
 from ringtree.sim.transformer import Transformer
 
 ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
+# the host's work between the wait for the token counts and the next kernel reaching the GPU, in eager
+# PyTorch ops of about 20 us each (our estimate, not fitted): the counts' copy and wait, the splits'
+# .tolist(), the output buffer, the exchange's launch
+HOST_OPS = 4
+HOST_OP_S = 20e-6
 
 
 def routed_tokens(model: Transformer, run: Training) -> float:
@@ -51,6 +66,12 @@ def mlp_s(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float]:
             f, b = fp8.linear_s(tokens, n, k, gpu, run.dtype, run.fp8_recipe)
             forward, backward = forward + f, backward + b
     return forward, backward
+
+
+def host_sync_s() -> float:
+    """The GPU's idle time per MoE layer forward while the host waits for the token counts and launches
+    the next kernel (the same for every dispatcher in dropless training)."""
+    return HOST_OPS * HOST_OP_S
 
 
 def dispatch_bytes(model: Transformer, run: Training) -> int:

@@ -230,6 +230,9 @@ class StepWork:
     etp_bytes: int = 0
     ep_dispatcher: str = "alltoall"
     ep_windows: tuple[float, ...] = ()
+    # the MoE layers' host synchronisations per micro-batch (ringtree.sim.moe.host_sync_s): the GPU
+    # idle, nothing hides it
+    ep_sync_s: float = 0.0
     # this device's expert gradients (its experts' share), reduced over the expert-data-parallel group
     # of `expert_dp` ranks ep x etp apart (Megatron-Core's expert-DP group), in their own buckets
     expert_grad_bytes: int = 0
@@ -567,6 +570,12 @@ def _ep_exchange(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[floa
     collectives as the other collectives are), the ETP gathers, less the compute that hides them."""
     if not (work.ep_forward or work.ep_backward):
         return 0.0, 0.0
+    forward, backward = _ep_collectives(work, cluster, algorithm)
+    return forward + work.ep_sync_s, backward
+
+
+def _ep_collectives(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[float, float]:
+    """The dispatch and combine collectives of one micro-batch left exposed, forward and backward."""
     group = ep_group(cluster, work.ep, work.etp)
     if work.ep_dispatcher == "allgather":
         one = collective_s("all_gather", algorithm, ep_group(cluster, work.ep * work.etp, 1),

@@ -192,6 +192,7 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         etp_bytes=moe.etp_bytes(model, run),
         ep_dispatcher=run.moe_dispatcher,
         ep_windows=_ep_windows(model, run, gpu) if run.moe_overlap and moe_k else (),
+        ep_sync_s=(moe_k + ep_redo // 2) * moe.host_sync_s(),
         expert_grad_bytes=int(experts) * run.grad_itemsize,
         expert_dp=expert_shards(run, dp),
     )

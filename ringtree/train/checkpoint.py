@@ -232,3 +232,18 @@ def _point_latest(folder: Path, path: Path) -> None:
     except OSError:
         shutil.copyfile(path, tmp)
     os.replace(tmp, folder / LATEST)
+
+
+def digest(path: Path) -> tuple[int, str]:
+    """(bytes, SHA-256) of a file: what a checkpoint's record holds."""
+    return _digest(path)
+
+
+def steps(folder: Path) -> list[Path]:
+    """The folder's step files, newest first."""
+    return _steps(folder)
+
+
+def write_atomically(path: Path, write: Callable[[Any], object]) -> tuple[int, str]:
+    """Write a file through `write(file)` so that a crash leaves nothing half-written there."""
+    return _write_atomically(path, write)

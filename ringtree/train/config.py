@@ -164,6 +164,7 @@ class TrainConfig:
     checkpoint_dir: str | None = _opt(None, "Write checkpoints (DIR/last.pt) here.")
     checkpoint_every: int = _opt(0, "Optimizer steps between checkpoints; 0: every epoch.")
     resume: bool = _opt(False, "Continue from --checkpoint-dir's last checkpoint.")
+    checkpoint_async: bool = _opt(False, "Write checkpoints while training goes on (DCP's async_save).")
     keep_checkpoints: int | None = _opt(None, "Checkpoints kept in --checkpoint-dir, newest first [2].")
     max_restarts: int = _opt(0, "Restarts of a failed worker group (elastic agent); needs --checkpoint-dir.")
     straggler_every: int = _opt(20, "Steps between gathers of per-rank work times (stragglers); 0: off.")
@@ -408,6 +409,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
         )
     if cfg.resume and not cfg.checkpoint_dir:
         raise ValueError("--resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
+    if cfg.checkpoint_async and not cfg.checkpoint_dir:
+        raise ValueError("--checkpoint-async needs --checkpoint-dir DIR (it saves there in the background)")
     if cfg.keep_checkpoints is not None and not cfg.checkpoint_dir:
         raise ValueError(
             "--keep-checkpoints needs --checkpoint-dir DIR (there is nothing to keep without it)"
@@ -645,7 +648,7 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
     if not cfg.checkpoint_activations:
         dropped.add("checkpoint_segments")
     if cfg.checkpoint_dir is None:
-        dropped |= {"checkpoint_every", "resume", "keep_checkpoints"}
+        dropped |= {"checkpoint_every", "resume", "keep_checkpoints", "checkpoint_async"}
     if cfg.tp == 1:
         dropped |= {"tp_plan", "sequence_parallel"}
     if cfg.cp == 1:

@@ -1,63 +1,156 @@
-"""Sharded checkpoints (--zero 1-3) with torch.distributed.checkpoint: every rank writes its own shard.
+"""Sharded checkpoints with torch.distributed.checkpoint: every rank writes its own pieces, keyed in
+the dense model's coordinates, so that any layout reads them back.
 
-A save is a folder `step-<N>.dcp` written by `dcp.save`: each rank's file holds its pieces of
-every parameter and optimizer state, keyed `<kind>/<name>/<start>` (kind: `param`, `exp_avg`,
-...; start: the piece's first element in the parameter's flattened order). So any DP size, any
-ZeRO stage, and ZeRO 0 (dense) load it back: a rank asks only for the pieces that overlap what it
-now owns. `ringtree.json` inside the folder records the step, the model and every file's size
-and SHA-256. The folder is written as `.step-<N>.dcp.tmp` and renamed, with its record, once
-every rank finished: a save cut short leaves the previous checkpoint the newest usable one.
-Loading walks from the newest to the oldest, skipping (and reporting) one whose files are
-missing or differ from the record; when none is usable it names the files (CheckpointError).
+A save is a folder `step-<N>.dcp` written by DCP. Each parameter is one logical tensor,
+`model.<name>`, of its dense shape; each rank writes the boxes it holds of it (its ZeRO shard's
+flat range, cut by TP, as ringtree.train.layout maps it), and the optimizer's states the same way
+under `optim.<kind>.<name>`. A run at another TP, PP, ZeRO stage or DP size asks for the boxes
+it now holds and DCP's resharding reads the overlapping pieces; a dense model asks for whole
+tensors. `ringtree.json` inside the folder records the step, the model, the layout it was saved
+at and every file's size and SHA-256. The folder is written as `.step-<N>.dcp.tmp` and renamed,
+with its record, once every rank finished: a save cut short (or a crash during an asynchronous
+one) leaves the previous checkpoint the newest usable one. Loading walks from the newest to the
+oldest, skipping (and reporting) one whose files are missing or differ from the record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ringtree.parallel.mismatch import check_keys
 from ringtree.parallel.sharded import ShardedDataParallel
-from ringtree.parallel.shards import FlatBucket
+from ringtree.parallel.shards import FlatBucket, local
 from ringtree.train.checkpoint import CheckpointError
+from ringtree.train.layout import Chunk, Place, chunks
 
 RECORD = "ringtree.json"
 _DIR = re.compile(r"^step-(\d+)\.dcp$")
-Fetch = Callable[[str, str, int, int], torch.Tensor | None]  # (kind, name, start, length) -> values
+Key = tuple[str, tuple[int, ...]]  # (fqn, offsets in the dense tensor)
+Wanted = dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]  # fqn -> (offsets, box to fill)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Piece:
-    """Elements [start, start + length) of parameter `name` (flattened), at shard[lo : lo + length]."""
+    """Elements [start, start + length) of a parameter (flattened, TP-local), at shard[lo : lo + length]."""
 
-    name: str
+    place: Place
+    shape: tuple[int, ...]  # the TP-local parameter's
     start: int
     bucket: FlatBucket
     lo: int
     length: int
 
+    def chunks(self) -> list[Chunk]:
+        return chunks(self.place, self.shape, self.start, self.length)
 
-def pieces(sdp: ShardedDataParallel, names: dict[int, str]) -> Iterator[Piece]:
+
+def pieces(sdp: ShardedDataParallel, places: dict[int, Place]) -> Iterator[Piece]:
     """This rank's pieces of every parameter: where its shard of each bucket cuts the parameters."""
     for b in sdp.buckets:
         lo, hi = b.block.start, b.block.stop
         for p, off in zip(b.params, b.offsets, strict=True):
             a, c = max(off, lo), min(off + p.numel(), hi)
             if a < c:
-                yield Piece(names[id(p)], a - off, b, a - lo, c - a)
+                yield Piece(places[id(p)], tuple(p.shape), a - off, b, a - lo, c - a)
+
+
+# -- torch.distributed.checkpoint with boxes of dense tensors ------------------------------------
+
+
+class _BoxSaver(DefaultSavePlanner):
+    """The default planner, plus this rank's boxes of the dense tensors (DCP dedups equal ones)."""
+
+    def __init__(self, boxes: dict[Key, torch.Tensor], sizes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__()
+        self.boxes, self.sizes = boxes, sizes
+
+    def create_local_plan(self) -> SavePlan:
+        plan = super().create_local_plan()
+        items = [_write_item(fqn, at, t, self.sizes[fqn]) for (fqn, at), t in self.boxes.items()]
+        self.plan = dataclasses.replace(plan, items=[*plan.items, *items])
+        return self.plan
+
+    def lookup_object(self, index: MetadataIndex) -> Any:
+        if index.fqn in self.sizes:
+            return self.boxes[(index.fqn, tuple(index.offset or ()))]
+        return super().lookup_object(index)
+
+
+def _write_item(fqn: str, at: tuple[int, ...], t: torch.Tensor, size: tuple[int, ...]) -> WriteItem:
+    return WriteItem(
+        index=MetadataIndex(fqn, torch.Size(at)),
+        type=WriteItemType.SHARD,
+        tensor_data=TensorWriteData(
+            chunk=ChunkStorageMetadata(offsets=torch.Size(at), sizes=t.size()),
+            properties=TensorProperties.create_from_tensor(t),
+            size=torch.Size(size),
+        ),
+    )
+
+
+class _BoxLoader(DefaultLoadPlanner):
+    """The default planner, plus boxes of dense tensors to fill (DCP reads what overlaps them)."""
+
+    def __init__(self, wanted: Wanted) -> None:
+        super().__init__(allow_partial_load=True)
+        self.wanted = wanted
+
+    def create_local_plan(self) -> LoadPlan:
+        plan = super().create_local_plan()
+        assert self.metadata is not None
+        items = list(plan.items)
+        for fqn, boxes in self.wanted.items():
+            md = self.metadata.state_dict_metadata.get(fqn)
+            if isinstance(md, TensorStorageMetadata):
+                mine = [ChunkStorageMetadata(torch.Size(at), t.size()) for at, t in boxes]
+                items += create_read_items_for_chunk_list(fqn, md, mine)
+        return LoadPlan(items)
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        if index.fqn in self.wanted:
+            return self.wanted[index.fqn][index.index or 0][1]
+        return super().lookup_tensor(index)
+
+
+def _load(
+    path: Path, plain: dict[str, Any], wanted: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]
+) -> None:
+    """Fill `plain`'s tensors and the wanted boxes from the checkpoint (this rank alone)."""
+    with warnings.catch_warnings():  # dcp warns that no_dist means one process: it does
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_load(plain, checkpoint_id=str(path), planner=_BoxLoader(wanted), no_dist=True)
 
 
 # -- saving ----------------------------------------------------------------------------------
@@ -69,11 +162,16 @@ def save(
     model_name: str,
     sdp: ShardedDataParallel,
     optimizer: torch.optim.Optimizer,
-    names: dict[int, str],
+    places: dict[int, Place],
     buffers: dict[str, torch.Tensor],
     keep: int,
-) -> Path:
-    """Every rank writes its pieces (collective over the world); rank 0 seals and prunes; the folder."""
+    layout: dict[str, int] | None = None,
+    async_group: dist.ProcessGroup | None = None,
+) -> Future[Any] | None:
+    """Every rank writes its pieces (collective over the world); rank 0 seals and prunes.
+
+    With `async_group` (a process group of its own) the files are written by DCP's asynchronous
+    save while training goes on: the returned future is done once the save is sealed."""
     folder = Path(directory)
     final = folder / f"step-{step:08d}.dcp"
     tmp = folder / f".{final.name}.tmp"
@@ -81,40 +179,75 @@ def save(
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a save that died before its rename
     dist.barrier()
-    dcp_save(_state(sdp, optimizer, names, buffers), checkpoint_id=str(tmp))
-    if dist.get_rank() == 0:
-        files = {f.name: _digest(f) for f in sorted(tmp.iterdir()) if f.is_file()}
-        record = {"step": step, "model_name": model_name, "files": files}
-        (tmp / RECORD).write_text(json.dumps(record, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in _folders(folder)[keep:]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
-    return final
+    plain, boxes, sizes = _state(sdp, optimizer, places, buffers)
+    record = {"step": step, "model_name": model_name, "layout": layout or {}}
+
+    def seal() -> None:
+        if dist.get_rank() == 0:
+            _seal(folder, tmp, final, record, keep)
+
+    if async_group is None:
+        dcp_save(plain, checkpoint_id=str(tmp), planner=_BoxSaver(boxes, sizes))
+        seal()
+        dist.barrier()
+        return None
+    future: Future[Any] = dcp_async_save(  # type: ignore[assignment]
+        plain, checkpoint_id=str(tmp), planner=_BoxSaver(boxes, sizes), process_group=async_group
+    )
+    sealed: Future[Any] = Future()
+
+    def done(f: Future[Any]) -> None:
+        try:
+            f.result()
+            seal()
+            sealed.set_result(None)
+        except BaseException as e:  # carried to the training thread, which waits for it
+            sealed.set_exception(e)
+
+    future.add_done_callback(done)
+    return sealed
+
+
+def _seal(folder: Path, tmp: Path, final: Path, record: dict[str, Any], keep: int) -> None:
+    """Record every file's size and SHA-256, rename the folder into place, drop the oldest."""
+    files = {f.name: digest(f) for f in sorted(tmp.iterdir()) if f.is_file()}
+    (tmp / RECORD).write_text(json.dumps(record | {"files": files}, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in folders(folder)[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _state(
     sdp: ShardedDataParallel,
     optimizer: torch.optim.Optimizer,
-    names: dict[int, str],
+    places: dict[int, Place],
     buffers: dict[str, torch.Tensor],
-) -> dict[str, Any]:
-    state: dict[str, Any] = {"rng": torch.get_rng_state()}
-    state |= {f"buffer/{k}": v.detach().cpu() for k, v in buffers.items()}
-    for piece in pieces(sdp, names):
+) -> tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]]:
+    """(plain entries, this rank's boxes, each boxed tensor's dense shape), copied to the host."""
+    plain: dict[str, Any] = {"rng": torch.get_rng_state()}
+    plain |= {f"buffer.{k}": v.detach().cpu().clone() for k, v in buffers.items()}
+    boxes: dict[Key, torch.Tensor] = {}
+    sizes: dict[str, tuple[int, ...]] = {}
+    for piece in pieces(sdp, places):
         cut = slice(piece.lo, piece.lo + piece.length)
-        key = f"{piece.name}/{piece.start}"
-        state[f"param/{key}"] = piece.bucket.shard.detach()[cut].cpu().clone()
+        tensors = {"model": piece.bucket.local.detach()[cut]}
         for kind, value in optimizer.state.get(piece.bucket.shard, {}).items():
             if isinstance(value, torch.Tensor) and value.shape == piece.bucket.shard.shape:
-                state[f"{kind}/{key}"] = value[cut].cpu().clone()
+                tensors[f"optim.{kind}"] = local(value)[cut]
             elif isinstance(value, torch.Tensor) and value.numel() == 1:
-                state[f"scalar/{kind}"] = value.detach().cpu().clone()  # Adam's step: the same everywhere
-    return state
+                plain[f"optim_scalar.{kind}"] = (
+                    value.detach().cpu().clone()
+                )  # Adam's step: the same everywhere
+        for prefix, values in tensors.items():
+            fqn = f"{prefix}.{piece.place.name}"
+            sizes[fqn] = piece.place.shape
+            for chunk in piece.chunks():
+                boxes[(fqn, chunk.offsets)] = chunk.view(values).cpu().clone()
+    return plain, boxes, sizes
 
 
-def _digest(path: Path) -> dict[str, Any]:
+def digest(path: Path) -> dict[str, Any]:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -125,7 +258,7 @@ def _digest(path: Path) -> dict[str, Any]:
 # -- finding -----------------------------------------------------------------------------------
 
 
-def _folders(folder: Path) -> list[Path]:
+def folders(folder: Path) -> list[Path]:
     """The sharded checkpoint folders, newest first."""
     if not folder.is_dir():
         return []
@@ -142,7 +275,7 @@ def newest(
     dense = [
         int(m.group(1)) for p in folder.glob("step-*.pt") if (m := re.match(r"^step-(\d+)\.pt$", p.name))
     ]
-    found = _folders(folder)
+    found = folders(folder)
     if not found or (dense and max(dense) >= int(found[0].name[5:-4])):
         return None
     return find(folder, report)
@@ -158,7 +291,7 @@ def verify(path: Path) -> dict[str, Any]:
         file = path / name
         if not file.exists():
             raise CheckpointError(f"{file} is missing (one rank's shard of the checkpoint)")
-        if _digest(file) != expected:
+        if digest(file) != expected:
             raise CheckpointError(
                 f"{file} differs from the one recorded when saved (a shard of another save, or damaged)"
             )
@@ -170,7 +303,7 @@ def find(
 ) -> tuple[Path, dict[str, Any]] | None:
     """The newest usable sharded checkpoint (folder, record); None when there is none at all."""
     problems = []
-    for path in _folders(Path(directory)):
+    for path in folders(Path(directory)):
         try:
             return path, verify(path)
         except CheckpointError as e:
@@ -188,126 +321,115 @@ def find(
 # -- loading -----------------------------------------------------------------------------------
 
 
-class Saved:
-    """A sharded checkpoint's pieces, read on demand (each rank reads only what it asks for)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-        self.sizes = {k: int(m.size[0]) for k, m in meta.items() if hasattr(m, "size") and len(m.size) == 1}
-        self.scalars = [k for k in meta if k.startswith("scalar/")]
-        self.buffers = [k for k in meta if k.startswith("buffer/")]
-        self.index: dict[tuple[str, str], list[tuple[int, str]]] = {}
-        for key in self.sizes:
-            kind, _, rest = key.partition("/")
-            name, _, start = rest.rpartition("/")
-            if start.isdigit():
-                self.index.setdefault((kind, name), []).append((int(start), key))
-        self.kinds = sorted({kind for kind, _ in self.index} - {"param"})
-
-    def read(self, keys: list[str], shapes: dict[str, torch.Size] | None = None) -> dict[str, torch.Tensor]:
-        """The tensors under `keys` (every rank on its own: no collective)."""
-        if not keys:
-            return {}
-        meta = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
-        want: dict[str, Any] = {k: torch.empty(meta[k].size, dtype=meta[k].properties.dtype) for k in keys}  # type: ignore[union-attr]
-        with warnings.catch_warnings():  # dcp warns that no_dist means one process: it does
-            warnings.simplefilter("ignore", UserWarning)
-            dcp_load(want, checkpoint_id=str(self.path), no_dist=True)
-        return want
-
-    def fetcher(self, wanted: list[tuple[str, str, int, int]]) -> Fetch:
-        """A Fetch over the saved pieces that overlap the wanted (kind, name, start, length) ranges."""
-        keys = sorted(
-            {
-                key
-                for kind, name, start, length in wanted
-                for s, key in self.index.get((kind, name), [])
-                if s < start + length and start < s + self.sizes[key]
-            }
+def tensors(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Every tensor the checkpoint holds: fqn -> (dense shape, dtype)."""
+    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    if any(k.startswith("param/") for k in meta):
+        raise CheckpointError(
+            f"{path} was written by an earlier ringtree, which keyed each rank's flat pieces (param/<name>/"
+            "<start>); resume it with that version, or start fresh in another --checkpoint-dir"
         )
-        loaded = self.read(keys)
-
-        def fetch(kind: str, name: str, start: int, length: int) -> torch.Tensor | None:
-            out, found = torch.empty(length), 0
-            for s, key in self.index.get((kind, name), []):
-                a, c = max(s, start), min(s + self.sizes[key], start + length)
-                if a < c and key in loaded:
-                    out[a - start : c - start] = loaded[key][a - s : c - s]
-                    found += c - a
-            return out if found == length else None
-
-        return fetch
+    return {
+        k: (tuple(m.size), m.properties.dtype)
+        for k, m in meta.items()
+        if isinstance(m, TensorStorageMetadata)
+    }
 
 
-def restore(
-    sdp: ShardedDataParallel,
-    optimizer: torch.optim.Optimizer,
-    names: dict[int, str],
-    fetch: Fetch,
-    kinds: list[str],
-    scalars: dict[str, torch.Tensor],
-) -> None:
-    """Fill this rank's shards and their optimizer states from `fetch` (any saved layout)."""
-    with torch.no_grad():
-        for piece in pieces(sdp, names):
-            cut = slice(piece.lo, piece.lo + piece.length)
-            values = fetch("param", piece.name, piece.start, piece.length)
-            if values is None:
-                raise CheckpointError(f"the checkpoint has no values for parameter {piece.name}")
-            piece.bucket.shard[cut] = values
-            state = optimizer.state[piece.bucket.shard]
-            for kind in kinds:
-                saved = fetch(kind, piece.name, piece.start, piece.length)
-                if saved is not None:
-                    state.setdefault(kind, torch.zeros_like(piece.bucket.shard))[cut] = saved
-            for kind, value in scalars.items():
-                state[kind] = value.clone()
+def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The model's parameters and buffers the checkpoint holds, with their dense shapes."""
+    out = {}
+    for k, (shape, _) in tensors(path).items():
+        for prefix in ("model.", "buffer."):
+            if k.startswith(prefix):
+                out[k.removeprefix(prefix)] = shape
+    return out
+
+
+def check_model(path: Path, dense: dict[str, tuple[int, ...]]) -> None:
+    """MismatchError naming the first tensor the checkpoint and the model (dense shapes) disagree on."""
+    saved = {k: torch.empty(v, device="meta") for k, v in model_shapes(path).items()}
+    model = {k: torch.empty(v, device="meta") for k, v in dense.items()}
+    check_keys(model, saved, f"the checkpoint {path}")
+
+
+def _extras(path: Path) -> dict[str, torch.Tensor]:
+    """The entries outside the boxed tensors: rng, optimizer scalars, buffers (empty, to be filled)."""
+    out = {}
+    for k, (shape, dtype) in tensors(path).items():
+        if k == "rng" or k.startswith(("optim_scalar.", "buffer.")):
+            out[k] = torch.empty(shape, dtype=dtype)
+    return out
 
 
 def load_sharded(
     path: Path,
     sdp: ShardedDataParallel,
     optimizer: torch.optim.Optimizer,
-    names: dict[int, str],
+    places: dict[int, Place],
     module: nn.Module,
 ) -> None:
-    """Resume a ZeRO run (any DP size) from a sharded checkpoint."""
-    saved = Saved(path)
-    mine = list(pieces(sdp, names))
-    wanted = [(k, p.name, p.start, p.length) for p in mine for k in ("param", *saved.kinds)]
-    scalars = saved.read(saved.scalars + saved.buffers + ["rng"])
-    restore(
-        sdp,
-        optimizer,
-        names,
-        saved.fetcher(wanted),
-        saved.kinds,
-        {k.removeprefix("scalar/"): v for k, v in scalars.items() if k.startswith("scalar/")},
-    )
+    """Resume a ZeRO run (any TP, PP, DP size and stage) from a sharded checkpoint."""
+    saved = tensors(path)
+    kinds = sorted({k.split(".")[1] for k in saved if k.startswith("optim.")})
+    mine = list(pieces(sdp, places))
+    flats: dict[tuple[str, int], torch.Tensor] = {}  # (prefix, piece) -> its values, to be filled
+    wanted: Wanted = {}
+    for i, piece in enumerate(mine):
+        for prefix in ("model", *(f"optim.{k}" for k in kinds)):
+            fqn = f"{prefix}.{piece.place.name}"
+            if fqn not in saved:
+                if prefix == "model":
+                    raise CheckpointError(f"{path} has no values for parameter {piece.place.name}")
+                continue
+            flat = flats[(prefix, i)] = torch.full((piece.length,), float("nan"))
+            wanted.setdefault(fqn, []).extend((c.offsets, c.view(flat)) for c in piece.chunks())
+    extras = _extras(path)
+    _load(path, extras, wanted)
+    with torch.no_grad():
+        for (prefix, i), flat in flats.items():
+            piece = mine[i]
+            cut = slice(piece.lo, piece.lo + piece.length)
+            if prefix == "model":
+                piece.bucket.local[cut] = flat
+                piece.bucket.version = -1  # the whole parameters are gathered again before use
+                continue
+            state = optimizer.state[piece.bucket.shard]
+            local(state.setdefault(prefix[6:], torch.zeros_like(piece.bucket.shard)))[cut] = flat
+        for b in {p.bucket.index: p.bucket for p in mine}.values():
+            for k, v in extras.items():
+                if k.startswith("optim_scalar."):
+                    optimizer.state[b.shard][k.removeprefix("optim_scalar.")] = v.clone()
     _load_buffers(
-        module, {k.removeprefix("buffer/"): v for k, v in scalars.items() if k.startswith("buffer/")}
+        module, {k.removeprefix("buffer."): v for k, v in extras.items() if k.startswith("buffer.")}
     )
-    torch.set_rng_state(scalars["rng"])
+    torch.set_rng_state(extras["rng"])
 
 
-def dense_state(path: Path, net: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """A sharded checkpoint assembled into the dense form `checkpoint.load` returns (for ZeRO 0)."""
-    saved = Saved(path)
-    named = list(net.named_parameters())
-    wanted = [(k, n, 0, p.numel()) for n, p in named for k in ("param", *saved.kinds)]
-    fetch = saved.fetcher(wanted)
-    extra = saved.read(saved.scalars + saved.buffers + ["rng"])
-    model = {k.removeprefix("buffer/"): v for k, v in extra.items() if k.startswith("buffer/")}
+def dense_state(
+    path: Path, dense: list[tuple[str, tuple[int, ...]]], optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
+    """A sharded checkpoint assembled into the dense form `checkpoint.load` returns (`dense`: the
+    dense model's parameters in order, which keys the optimizer's state)."""
+    saved = tensors(path)
+    kinds = sorted({k.split(".")[1] for k in saved if k.startswith("optim.")})
+    wanted: Wanted = {}
+    for name, shape in dense:
+        for prefix in ("model", *(f"optim.{k}" for k in kinds)):
+            if f"{prefix}.{name}" in saved:
+                wanted[f"{prefix}.{name}"] = [((0,) * len(shape), torch.zeros(shape))]
+    extras = _extras(path)
+    _load(path, extras, wanted)
+    model = {k.removeprefix("buffer."): v for k, v in extras.items() if k.startswith("buffer.")}
+    scalars = {k.removeprefix("optim_scalar."): v for k, v in extras.items() if k.startswith("optim_scalar.")}
     per_param: dict[int, dict[str, torch.Tensor]] = {}
-    for j, (n, p) in enumerate(named):
-        values = fetch("param", n, 0, p.numel())
-        if values is None:
-            raise CheckpointError(f"{path} has no values for parameter {n}")
-        model[n] = values.view_as(p)
-        state = {k: v.view_as(p) for k in saved.kinds if (v := fetch(k, n, 0, p.numel())) is not None}
+    for j, (name, _) in enumerate(dense):
+        if f"model.{name}" not in wanted:
+            raise CheckpointError(f"{path} has no values for parameter {name}")
+        model[name] = wanted[f"model.{name}"][0][1]
+        state = {k: wanted[f"optim.{k}.{name}"][0][1] for k in kinds if f"optim.{k}.{name}" in wanted}
         if state:
-            per_param[j] = state | {k.removeprefix("scalar/"): extra[k] for k in saved.scalars}
+            per_param[j] = state | {k: v.clone() for k, v in scalars.items()}
     record = json.loads((path / RECORD).read_text())
     groups = [] if optimizer is None else optimizer.state_dict()["param_groups"]
     return {
@@ -315,32 +437,55 @@ def dense_state(path: Path, net: nn.Module, optimizer: torch.optim.Optimizer | N
         "model_name": record["model_name"],
         "model": model,
         "optimizer": {"state": per_param, "param_groups": groups},
-        "rng": extra["rng"],
+        "rng": extras["rng"],
     }
+
+
+def consolidate(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model's state_dict from a sharded checkpoint (every parameter and buffer, dense)."""
+    shapes = tensors(path)
+    names = [k.removeprefix("model.") for k in shapes if k.startswith("model.")]
+    state = dense_state(path, [(n, shapes[f"model.{n}"][0]) for n in names], None)
+    return dict(state["model"])
 
 
 def from_dense(
-    state: dict[str, Any], sdp: ShardedDataParallel, optimizer: torch.optim.Optimizer, net: nn.Module
+    state: dict[str, Any],
+    sdp: ShardedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    places: dict[int, Place],
+    module: nn.Module,
 ) -> None:
-    """Resume a ZeRO run from today's dense checkpoint (model and optimizer state_dicts)."""
-    named = list(net.named_parameters())
-    names = {id(p): n for n, p in named}
+    """Resume a ZeRO run from a dense checkpoint (model and optimizer state_dicts); `places` covers
+    the whole model, in its parameters' order (which keys the dense optimizer state)."""
+    position = {pl.name: j for j, pl in enumerate(places.values())}
     dense_opt = state["optimizer"]["state"]
-    position = {n: j for j, (n, _) in enumerate(named)}
-    kinds = sorted(
-        {k for s in dense_opt.values() for k, v in s.items() if isinstance(v, torch.Tensor) and v.dim()}
-    )
     scalars = {
         k: v for s in dense_opt.values() for k, v in s.items() if isinstance(v, torch.Tensor) and not v.dim()
     }
-
-    def fetch(kind: str, name: str, start: int, length: int) -> torch.Tensor | None:
-        owner = state["model"] if kind == "param" else dense_opt.get(position[name], {})
-        source = owner.get(name if kind == "param" else kind)
-        return None if source is None else source.reshape(-1)[start : start + length].float()
-
-    restore(sdp, optimizer, names, fetch, kinds, scalars)
-    _load_buffers(net, {k: v for k, v in state["model"].items() if k not in position})
+    with torch.no_grad():
+        for piece in pieces(sdp, places):
+            cut = slice(piece.lo, piece.lo + piece.length)
+            name = piece.place.name
+            own = dense_opt.get(position[name], {})
+            sources = {"model": state["model"][name]} | {
+                k: v for k, v in own.items() if isinstance(v, torch.Tensor) and v.dim()
+            }
+            for kind, full in sources.items():
+                flat = torch.empty(piece.length)
+                for c in piece.chunks():
+                    c.view(flat).copy_(
+                        full[tuple(slice(o, o + z) for o, z in zip(c.offsets, c.sizes, strict=True))]
+                    )
+                if kind == "model":
+                    piece.bucket.local[cut] = flat
+                    piece.bucket.version = -1
+                else:
+                    opt_state = optimizer.state[piece.bucket.shard]
+                    local(opt_state.setdefault(kind, torch.zeros_like(piece.bucket.shard)))[cut] = flat
+            for kind, value in scalars.items():
+                optimizer.state[piece.bucket.shard][kind] = value.clone()
+    _load_buffers(module, state["model"])
 
 
 def _load_buffers(module: nn.Module, buffers: dict[str, torch.Tensor]) -> None:

@@ -34,6 +34,7 @@ METRIC_KEYS = (
     "stragglers",  # ranks whose own work was persistently slower than the median rank's
     "skipped_steps",
     "checkpoint_segments",
+    "checkpoint_s",  # median seconds the loop waited per checkpoint save (slowest rank); null: none
     "activation_memory_mb",  # the most activation bytes a rank saved for backward at once (MiB)
     "distilled_from",
 )

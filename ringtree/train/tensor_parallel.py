@@ -1,4 +1,4 @@
-"""Checkpoints of a sharded model: saved dense (gathered from TP shards and stages), loaded as shards."""
+"""Tensor parallelism in the trainer: the plan, the shards, dense checkpoints gathered and cut by position."""
 
 from __future__ import annotations
 
@@ -8,17 +8,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ringtree.parallel.tensor import (
-    copy_from_dense,
-    copy_to_dense,
-    gather_optimizer_state,
-    parallelize_blocks,
-    shard_optimizer_state,
-)
+from ringtree.parallel.tensor import gather_optimizer_state, parallelize_blocks, shard_optimizer_state
 from ringtree.parallel.tensor.layers import _ParallelLinear
 from ringtree.parallel.tensor.plan import check_plan, load_plan, parallelize
+from ringtree.parallel.tensor.state import _gather, _take, parameter_cuts
 from ringtree.train.config import TrainConfig
-from ringtree.train.factories import make_model
 
 
 def plan_of(net: nn.Module, cfg: TrainConfig) -> dict[str, str] | None:
@@ -63,13 +57,22 @@ def is_parallel(net: nn.Module) -> bool:
     return any(isinstance(m, _ParallelLinear) for m in net.modules())
 
 
-def model_state(net: nn.Module, name: str) -> dict[str, torch.Tensor]:
-    """The dense model's state_dict (gathered from the shards: collective, call on every rank)."""
+def model_state(net: nn.Module, dense: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """The dense model's state_dict, its parameters gathered from the TP shards (collective: call on
+    every rank); `dense` names the dense model's parameters in order (a library model's too)."""
     if not is_parallel(net):
         return net.state_dict()
-    dense = make_model(name)
-    copy_to_dense(net, dense)
-    return dense.state_dict()
+    params = list(net.parameters())
+    out = {
+        name: _gather(p, cut) for (name, _), p, cut in zip(dense, params, parameter_cuts(net), strict=True)
+    }
+    return out | persistent_buffers(net)
+
+
+def persistent_buffers(net: nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers a state_dict holds (not those registered with persistent=False)."""
+    buffers = dict(net.named_buffers())
+    return {k: v.detach() for k, v in net.state_dict().items() if k in buffers}
 
 
 def optimizer_state(
@@ -85,15 +88,23 @@ def optimizer_state(
     return gather_optimizer_state(net, state) if is_parallel(net) else state
 
 
-def load(net: nn.Module, optimizer: torch.optim.Optimizer, name: str, state: dict[str, Any]) -> None:
+def load(
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dense: list[tuple[str, tuple[int, ...]]],
+    state: dict[str, Any],
+) -> None:
     """Load a dense checkpoint, taking this rank's shard of every tensor-parallel parameter."""
     if not is_parallel(net):
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         return
-    dense = make_model(name)
-    dense.load_state_dict(state["model"])
-    copy_from_dense(net, dense)
+    model = state["model"]
+    with torch.no_grad():
+        for (name, _), p, cut in zip(dense, list(net.parameters()), parameter_cuts(net), strict=True):
+            p.copy_(_take(model[name], cut))
+        for n, b in persistent_buffers(net).items():
+            b.copy_(model[n])
     optimizer.load_state_dict(shard_optimizer_state(net, state["optimizer"]))
     dist.barrier()
 

@@ -37,7 +37,8 @@ from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.moe import CLOCK as A2A_CLOCK
 from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
-from ringtree.train import checkpoint, interrupt, memory, sharded_checkpoint, tensor_parallel
+from ringtree.train import interrupt, memory
+from ringtree.train.checkpointer import Checkpointer, check_resumable
 from ringtree.train.config import TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
@@ -141,12 +142,11 @@ def preflight(cfg: TrainConfig) -> None:
     ValueError here, in the launching process, instead of a traceback from every worker."""
     check_sequence(make_datasets(cfg.dataset)[0], cfg)
     make_loss(cfg.loss)
-    check(make_model(cfg.model, cfg), cfg)
+    model = make_model(cfg.model, cfg)
+    check(model, cfg)
     if cfg.teacher is not None:
         load_teacher(cfg.teacher, make_model, report=print)  # a damaged file is named here, once
-    resume = cfg.resume and cfg.checkpoint_dir is not None  # no usable checkpoint: said here, once
-    if resume and sharded_checkpoint.newest(cfg.checkpoint_dir) is None:  # type: ignore[arg-type]
-        checkpoint.load(cfg.checkpoint_dir)  # type: ignore[arg-type]
+    check_resumable(cfg, model)  # no usable checkpoint, or not this model's: said here, once
 
 
 def _join_world(cfg: TrainConfig) -> bool:
@@ -194,6 +194,7 @@ class _Run:
         self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
+        dense = [(n, tuple(p.shape)) for n, p in self.net.named_parameters()]  # what checkpoints key
         self.amp = MixedPrecision(cfg.amp, self.device.type)
         teacher = None
         if cfg.teacher is not None:
@@ -214,6 +215,9 @@ class _Run:
         if self.parallel.experts is not None:  # expert gradients and router biases before each step
             self.parallel.experts.register(self.optimizer)
         self.a2a_s: list[float] = []  # per step: seconds in the MoE layers' all-to-alls
+        self.checkpointer = Checkpointer(
+            cfg, self.net, self.optimizer, self.parallel, self.mesh, self.amp, trainer.names["model"], dense
+        )
         self.model_state_bytes = 0  # the most parameters + gradients + optimizer states held
         self.step = 0
         self.stragglers = (
@@ -254,7 +258,8 @@ class _Run:
 
     def train(self) -> RankResult:
         cfg = self.cfg
-        resumed_from = self._resume()
+        resumed_from = self.checkpointer.resume()
+        self.step = resumed_from or 0
         loader, epochs = self._loader()
         sized = not isinstance(self.t.train_set, IterableDataset)
         per_epoch = self._steps_per_epoch(loader) if sized else None
@@ -284,9 +289,10 @@ class _Run:
                         bar.update(self.step, self._read_last(), self.meter.rate())
                     every = cfg.checkpoint_every
                     if every and self.step // every > before // every:
-                        self._save()
+                        self.checkpointer.save(self.step)
                 if not cfg.checkpoint_every:
-                    self._save()
+                    self.checkpointer.save(self.step)
+        self.checkpointer.finish()
         return RankResult(self.rank, self._summary(resumed_from), self.recorder.events)
 
     def _steps_per_epoch(self, loader: Iterable[Batch]) -> int:
@@ -477,109 +483,6 @@ class _Run:
         """The last step's loss on the host (the one read per log interval); nan on a non-last stage."""
         return float("nan") if self.last is None else float(self.last)
 
-    # -- checkpoints ------------------------------------------------------------------------
-
-    def _resume(self) -> int | None:
-        """Load the newest usable checkpoint when --resume asks for it, or when torch's elastic agent
-        restarted this group after a failure; the step it continues from."""
-        cfg = self.cfg
-        if not (cfg.resume or restart_count()) or cfg.checkpoint_dir is None:
-            return None
-        report = print if self.rank == 0 else None
-        sharded = sharded_checkpoint.newest(cfg.checkpoint_dir, report)
-        if sharded is not None:
-            return self._resume_sharded(*sharded)
-        state = checkpoint.load(cfg.checkpoint_dir, report=report)
-        if state is None:
-            if self.rank == 0:
-                print(f"# no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0")
-            return None
-        name = self.t.names["model"]
-        if state["model_name"] != name:
-            raise ValueError(
-                f"the checkpoint in {cfg.checkpoint_dir} holds model {state['model_name']!r}, not {name!r}; "
-                f"pass --model {state['model_name']} or another --checkpoint-dir"
-            )
-        zero = self.parallel.sharded
-        if zero is None:
-            tensor_parallel.load(self.net, self.optimizer, name, state)
-        else:  # today's dense checkpoint, cut into this rank's shards
-            sharded_checkpoint.from_dense(state, zero, self.optimizer, self.net)
-        if "rng" in state:  # the run continues with the random stream it would have had
-            torch.set_rng_state(state["rng"])
-        if self.amp.scaler is not None and "scaler" in state:
-            self.amp.scaler.load_state_dict(state["scaler"])
-        self.step = int(state["step"])
-        return self.step
-
-    def _resume_sharded(self, path: Any, record: dict[str, Any]) -> int:
-        """Continue from a torch.distributed.checkpoint folder (saved with --zero, at any DP size)."""
-        cfg, name = self.cfg, self.t.names["model"]
-        if record["model_name"] != name:
-            raise ValueError(
-                f"the checkpoint {path} holds model {record['model_name']!r}, not {name!r}; "
-                f"pass --model {record['model_name']} or another --checkpoint-dir"
-            )
-        zero = self.parallel.sharded
-        if zero is None:  # --zero 0: the pieces assembled into the dense state
-            state = sharded_checkpoint.dense_state(path, self.net, self.optimizer)
-            tensor_parallel.load(self.net, self.optimizer, name, state)
-            torch.set_rng_state(state["rng"])
-        else:
-            sharded_checkpoint.load_sharded(path, zero, self.optimizer, self._names(), self.net)
-        if self.rank == 0 and cfg.progress:
-            print(f"# resumed from {path} (step {record['step']})")
-        self.step = int(record["step"])
-        return self.step
-
-    def _names(self) -> dict[int, str]:
-        """Each parameter's name in the whole model (and its TP rank, whose shard it is, under --tp)."""
-        tp = f"@tp{self.mesh.tp_rank}" if self.cfg.tp > 1 else ""
-        return {id(p): n + tp for n, p in self.net.named_parameters()}
-
-    def _save(self) -> None:
-        cfg = self.cfg
-        if cfg.checkpoint_dir is None:
-            return
-        zero = self.parallel.sharded
-        if zero is not None:  # every rank writes its own shard
-            own = {id(b) for b in (zero.module.buffers())}
-            buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own}
-            keep = cfg.get("keep_checkpoints")
-            name = self.t.names["model"]
-            sharded_checkpoint.save(
-                cfg.checkpoint_dir, self.step, name, zero, self.optimizer, self._names(), buffers, keep
-            )
-            return
-        sharded = self.parallel.sharded
-        if sharded is not None:
-            sharded.gather_parameters()
-        if self.pipe is not None:
-            gather_stages(self.pipe.stages, self.mesh.pp_rank, self.mesh.pp_group)
-        model = tensor_parallel.model_state(self.net, self.t.names["model"])  # dense: resumes at any --tp
-        optimizer = tensor_parallel.optimizer_state(self.net, self.optimizer, self._owned())
-        if self.pipe is not None:
-            optimizer = tensor_parallel.union_over(optimizer, self.mesh.pp_group, cfg.pp)
-        if self.rank == 0:
-            state = {
-                "step": self.step,
-                "model_name": self.t.names["model"],
-                "model": {k: v.cpu() for k, v in model.items()},
-                "optimizer": tensor_parallel.to_cpu(optimizer),
-                "rng": torch.get_rng_state(),
-            }
-            if self.amp.scaler is not None:
-                state["scaler"] = self.amp.scaler.state_dict()
-            checkpoint.save(cfg.checkpoint_dir, state, keep=cfg.get("keep_checkpoints"))
-        dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
-
-    def _owned(self) -> set[int] | None:
-        """Indices (in net.parameters()) of the parameters this rank's stage trains; None: all."""
-        if self.pipe is None:
-            return None
-        mine = {id(p) for p in self.pipe.stages[self.mesh.pp_rank].parameters()}
-        return {i for i, p in enumerate(self.net.parameters()) if id(p) in mine}
-
     # -- the end ----------------------------------------------------------------------------
 
     def _summary(self, resumed_from: int | None) -> dict[str, Any]:
@@ -617,6 +520,7 @@ class _Run:
             "stragglers": [] if self.stragglers is None else self.stragglers.summary(),
             "skipped_steps": self.amp.skipped_steps,
             "checkpoint_segments": int(segments[0].item()),
+            "checkpoint_s": self.checkpointer.checkpoint_s(self.device),
             "distilled_from": cfg.teacher,
             **memory.fullest_rank_mb(self.model_state_bytes, self._activation_bytes(), self.device),
         }

@@ -79,7 +79,12 @@ class MixedPrecision:
 
 def all_finite(params: Iterable[nn.Parameter | torch.Tensor]) -> bool:
     """True when no gradient holds inf or NaN (parameters without a gradient count as finite)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [_local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return True
     return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())  # one host sync
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a gradient (a ZeRO shard's DTensor: its block; the caller agrees)."""
+    return t.to_local() if hasattr(t, "to_local") else t

@@ -86,8 +86,8 @@ def _sharded_teacher(folder: Path, build: Callable[[str], nn.Module]) -> tuple[n
     path = found[0] if found is not None else folder
     record = sharded_checkpoint.verify(path)
     teacher = build(str(record["model_name"]))
-    state = sharded_checkpoint.dense_state(path, teacher, None)
-    teacher.load_state_dict(state["model"])
+    dense = [(n, tuple(q.shape)) for n, q in teacher.named_parameters()]
+    teacher.load_state_dict(sharded_checkpoint.dense_state(path, dense, None)["model"])
     teacher.eval()
     teacher.requires_grad_(False)
     return teacher, str(record["model_name"])

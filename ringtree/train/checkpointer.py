@@ -1,0 +1,332 @@
+"""One checkpointer for every layout: what the trainer calls to save a step and to resume.
+
+`Checkpointer.save(step)` writes the run's state where --checkpoint-dir says: a dense, verified
+`step-<N>.pt` (ringtree.train.checkpoint) gathered from every TP shard and pipeline stage, or
+under --zero a torch.distributed.checkpoint folder every rank writes its shard of
+(ringtree.train.sharded_checkpoint). `resume()` loads the newest usable one of either kind into
+whatever layout this run has and returns the step it continues from (None: from the start).
+
+With --checkpoint-async a save copies the state to the host and returns: DCP's async_save (on a
+process group of its own, so its collectives never interleave with training's) or, for a dense
+checkpoint, rank 0's writer thread finishes it while training goes on. The next save, and the
+end of the run, first wait for the one in flight. `waits` holds the seconds the loop waited per
+save (the summary's checkpoint_s). `inspect` and `consolidate` read a checkpoint without a run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from ringtree.launch import restart_count
+from ringtree.parallel import Mesh
+from ringtree.parallel.mismatch import check_keys
+from ringtree.train import checkpoint, layout, sharded_checkpoint, tensor_parallel
+from ringtree.train.config import TrainConfig
+from ringtree.train.parallelize import Parallelized
+from ringtree.train.pipelining import gather_stages
+from ringtree.train.techniques import MixedPrecision
+
+
+class Checkpointer:
+    """Save and resume one rank's share of a run (every rank calls both: they are collective)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        net: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        parallel: Parallelized,
+        mesh: Mesh,
+        amp: MixedPrecision,
+        model_name: str,
+        dense: list[tuple[str, tuple[int, ...]]],
+    ) -> None:
+        """dense: the dense model's parameters (name, shape) in order, taken before TP cut it."""
+        self.cfg, self.net, self.optimizer, self.parallel = cfg, net, optimizer, parallel
+        self.mesh, self.amp, self.model_name, self.dense = mesh, amp, model_name, dense
+        self.rank = dist.get_rank()
+        self.layout = {"world_size": dist.get_world_size(), "dp": mesh.dp, "tp": mesh.tp, "pp": mesh.pp}
+        self.layout |= {"cp": getattr(mesh, "cp", 1), "zero": cfg.zero}
+        self.waits: list[float] = []
+        self.pending: Future[Any] | None = None
+        asynchronous = bool(cfg.checkpoint_async) and cfg.checkpoint_dir is not None
+        # a group of its own: async_save's collectives run on a thread beside training's
+        self.async_group = dist.new_group(backend="gloo") if asynchronous and cfg.zero else None
+        self.writer = ThreadPoolExecutor(1, "ringtree-checkpoint") if asynchronous else None
+
+    @cached_property
+    def places(self) -> dict[int, layout.Place]:
+        """Where each of this rank's parameters sits in the dense model (asked for on first use)."""
+        return layout.places(self.net, self.dense)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The dense model's parameters and buffers with their shapes (what a checkpoint must hold)."""
+        buffers = tensor_parallel.persistent_buffers(self.net)
+        return dict(self.dense) | {n: tuple(b.shape) for n, b in buffers.items()}
+
+    @property
+    def directory(self) -> Path | None:
+        return None if self.cfg.checkpoint_dir is None else Path(self.cfg.checkpoint_dir)
+
+    # -- resuming ---------------------------------------------------------------------------
+
+    def resume(self) -> int | None:
+        """Load the newest usable checkpoint when --resume asks for it, or when torch's elastic agent
+        restarted this group after a failure; the step it continues from."""
+        cfg = self.cfg
+        if not (cfg.resume or restart_count()) or cfg.checkpoint_dir is None:
+            return None
+        report = print if self.rank == 0 else None
+        sharded = sharded_checkpoint.newest(cfg.checkpoint_dir, report)
+        if sharded is not None:
+            return self._resume_sharded(*sharded)
+        state = checkpoint.load(cfg.checkpoint_dir, report=report)
+        if state is None:
+            if self.rank == 0:
+                print(f"# no checkpoint in {cfg.checkpoint_dir} yet: starting from step 0")
+            return None
+        name = self.model_name
+        if state["model_name"] != name:
+            raise ValueError(
+                f"the checkpoint in {cfg.checkpoint_dir} holds model {state['model_name']!r}, not {name!r}; "
+                f"pass --model {state['model_name']} or another --checkpoint-dir"
+            )
+        check_keys(_Shape.of(self.shapes()), state["model"], f"the checkpoint in {cfg.checkpoint_dir}")
+        zero = self.parallel.sharded
+        if zero is None:
+            tensor_parallel.load(self.net, self.optimizer, self.dense, state)
+        else:  # a dense checkpoint, cut into this rank's shards
+            sharded_checkpoint.from_dense(state, zero, self.optimizer, self.places, self.net)
+        if "rng" in state:  # the run continues with the random stream it would have had
+            torch.set_rng_state(state["rng"])
+        if self.amp.scaler is not None and "scaler" in state:
+            self.amp.scaler.load_state_dict(state["scaler"])
+        return int(state["step"])
+
+    def _resume_sharded(self, path: Any, record: dict[str, Any]) -> int:
+        """Continue from a torch.distributed.checkpoint folder (saved with --zero, at any DP size)."""
+        cfg, name = self.cfg, self.model_name
+        if record["model_name"] != name:
+            raise ValueError(
+                f"the checkpoint {path} holds model {record['model_name']!r}, not {name!r}; "
+                f"pass --model {record['model_name']} or another --checkpoint-dir"
+            )
+        sharded_checkpoint.check_model(path, self.shapes())
+        zero = self.parallel.sharded
+        if zero is None:  # --zero 0: the pieces assembled into the dense state
+            state = sharded_checkpoint.dense_state(path, self.dense, self.optimizer)
+            state["optimizer"] = self._owned_state(state["optimizer"])
+            tensor_parallel.load(self.net, self.optimizer, self.dense, state)
+            torch.set_rng_state(state["rng"])
+        else:
+            sharded_checkpoint.load_sharded(path, zero, self.optimizer, self.places, self.net)
+        if self.rank == 0 and cfg.progress:
+            print(f"# resumed from {path} (step {record['step']})")
+        return int(record["step"])
+
+    def _owned_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A dense optimizer state_dict cut to this rank's stage's parameters (all without --pp)."""
+        owned = self._owned()
+        if owned is None:
+            return state
+        return {**state, "state": {i: s for i, s in state["state"].items() if i in owned}}
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(self, step: int) -> None:
+        """Write the state after `step` optimizer steps (nothing without --checkpoint-dir); the
+        seconds the loop waited for it go to `waits`."""
+        if self.cfg.checkpoint_dir is None:
+            return
+        start = time.perf_counter()
+        self.wait()
+        self._save(step)
+        self.waits.append(time.perf_counter() - start)
+
+    def wait(self) -> None:
+        """Wait for the save in flight, if any (its error, if it failed, is raised here)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def finish(self) -> None:
+        """The end of the run: the last save done, on every rank."""
+        self.wait()
+        if self.writer is not None:
+            self.writer.shutdown(wait=True)
+            dist.barrier()
+
+    def checkpoint_s(self, device: torch.device) -> float | None:
+        """The median seconds the loop waited per save, on the slowest rank (collective); None: none."""
+        mine = torch.tensor([statistics.median(self.waits) if self.waits else -1.0], device=device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        return None if mine.item() < 0 else float(mine.item())
+
+    def _save(self, step: int) -> None:
+        cfg = self.cfg
+        zero = self.parallel.sharded
+        if zero is not None:  # every rank writes its own shard
+            own = {id(b) for b in (zero.module.buffers())}
+            kept = tensor_parallel.persistent_buffers(self.net)  # not those a model recomputes
+            buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own and n in kept}
+            keep = cfg.get("keep_checkpoints")
+            self.pending = sharded_checkpoint.save(
+                cfg.checkpoint_dir,  # type: ignore[arg-type]
+                step,
+                self.model_name,
+                zero,
+                self.optimizer,
+                self.places,
+                buffers,
+                keep,
+                self.layout,
+                self.async_group,
+            )
+            return
+        self._save_dense(step)
+
+    def _save_dense(self, step: int) -> None:
+        """Gather the dense state (every TP shard, every stage) and write it from rank 0."""
+        cfg, pipe = self.cfg, self.parallel.pipe
+        if pipe is not None:
+            gather_stages(pipe.stages, self.mesh.pp_rank, self.mesh.pp_group)
+        model = tensor_parallel.model_state(self.net, self.dense)  # dense: resumes at any --tp
+        optimizer = tensor_parallel.optimizer_state(self.net, self.optimizer, self._owned())
+        if pipe is not None:
+            optimizer = tensor_parallel.union_over(optimizer, self.mesh.pp_group, cfg.pp)
+        if self.rank == 0:
+            state = {
+                "step": step,
+                "model_name": self.model_name,
+                "model": {k: v.cpu() for k, v in model.items()},
+                "optimizer": tensor_parallel.to_cpu(optimizer),
+                "rng": torch.get_rng_state(),
+                "layout": self.layout,
+            }
+            if self.amp.scaler is not None:
+                state["scaler"] = self.amp.scaler.state_dict()
+            keep = cfg.get("keep_checkpoints")
+            if self.writer is not None:  # a copy (training changes the tensors), written meanwhile
+                copy = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, state)
+                self.pending = self.writer.submit(checkpoint.save, cfg.checkpoint_dir, copy, keep)  # type: ignore[arg-type]
+                return
+            checkpoint.save(cfg.checkpoint_dir, state, keep=keep)  # type: ignore[arg-type]
+        if self.writer is None:
+            dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
+
+    def _owned(self) -> set[int] | None:
+        """Indices (in net.parameters()) of the parameters this rank's stage trains; None: all."""
+        pipe = self.parallel.pipe
+        if pipe is None:
+            return None
+        mine = {id(p) for p in pipe.stages[self.mesh.pp_rank].parameters()}
+        return {i for i, p in enumerate(self.net.parameters()) if id(p) in mine}
+
+
+def check_resumable(cfg: TrainConfig, model: nn.Module) -> None:
+    """Raise, in the launching process, when --resume finds no usable checkpoint (CheckpointError)
+    or one whose tensors do not fit `model` (MismatchError, naming the first)."""
+    if not cfg.resume or cfg.checkpoint_dir is None:
+        return
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    sharded = sharded_checkpoint.newest(cfg.checkpoint_dir)
+    if sharded is not None:
+        sharded_checkpoint.check_model(sharded[0], shapes)
+        return
+    state = checkpoint.load(cfg.checkpoint_dir)
+    if state is not None and state.get("model_name") == cfg.model:
+        check_keys(_Shape.of(shapes), state["model"], f"the checkpoint in {cfg.checkpoint_dir}")
+
+
+class _Shape:
+    """A shape that check_keys reads as a tensor's."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    @staticmethod
+    def of(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+        return {k: _Shape(v) for k, v in shapes.items()}
+
+
+# -- what a checkpoint holds, and one dense file of it -----------------------------------------
+
+
+def locate(path: str | Path) -> Path:
+    """The checkpoint `path` names: itself (a step-N.dcp folder or step-N.pt file), or the newest
+    in a --checkpoint-dir folder; CheckpointError when there is none there."""
+    path = Path(path)
+    if path.is_file() or path.name.endswith(".dcp"):
+        return path
+    folders = sharded_checkpoint.folders(path)
+    files = checkpoint.steps(path) if path.is_dir() else []
+    newest = [p for p in (folders[:1] + files[:1])]
+    if not newest:
+        raise checkpoint.CheckpointError(
+            f"{path} holds no checkpoint (no step-<N>.pt or step-<N>.dcp); pass a --checkpoint-dir "
+            "that a run wrote into"
+        )
+    return max(newest, key=lambda p: int(p.name[5:].split(".")[0]))
+
+
+def inspect(path: str | Path) -> dict[str, Any]:
+    """Step, model, layout saved at, every file's size and SHA-256, and whether it verifies."""
+    found = locate(path)
+    if found.is_dir():
+        problem, record = None, {}
+        try:
+            record = sharded_checkpoint.verify(found)
+        except checkpoint.CheckpointError as e:
+            problem = str(e)
+        recorded = record.get("files") or {f.name: sharded_checkpoint.digest(f) for f in found.iterdir()}
+        files = [{"name": n} | v for n, v in sorted(recorded.items())]
+        return _report(found, "sharded", record, files, problem)
+    problem, state = None, {}
+    try:
+        state = checkpoint.read(found)
+    except checkpoint.CheckpointError as e:
+        problem = str(e)
+    size, digest = checkpoint.digest(found) if found.exists() else (0, "")
+    files = [{"name": found.name, "bytes": size, "sha256": digest}]
+    return _report(found, "dense", state, files, problem)
+
+
+def _report(
+    path: Path, kind: str, record: dict[str, Any], files: list[dict[str, Any]], problem: str | None
+) -> dict[str, Any]:
+    step = record.get("step")
+    return {
+        "path": str(path),
+        "kind": kind,
+        "step": None if step is None else int(step),
+        "model_name": record.get("model_name"),
+        "layout": record.get("layout"),
+        "files": files,
+        "bytes": sum(int(f["bytes"]) for f in files),
+        "verifies": problem is None,
+        "problem": problem,
+    }
+
+
+def consolidate(path: str | Path, out: str | Path) -> Path:
+    """Write the checkpoint's whole model as one dense state_dict file that plain torch.load reads
+    (CheckpointError, naming the file, for a damaged checkpoint: nothing is written then)."""
+    found = locate(path)
+    if found.is_dir():
+        sharded_checkpoint.verify(found)
+        model = sharded_checkpoint.consolidate(found)
+    else:
+        model = checkpoint.read(found)["model"]
+    target = Path(out)
+    checkpoint.write_atomically(target, lambda f: torch.save(model, f))
+    return target
