@@ -43,7 +43,7 @@ def train(rank: int, cfg: TrainConfig, trace: bool = False) -> RankResult:
         ({"distill_alpha": 0.3}, "--distill-alpha needs --teacher"),
         ({"tp_plan": {"0": "colwise"}}, "--tp-plan shards layers among --tp ranks; add --tp 2"),
         ({"pp": 2, "schedule": "pipedream", "accumulate": 2}, "cannot apply"),
-        ({"model": "nodots"}, "choose one of mlp, mlp-tiny, vit, gpt, gpt-tied or pkg.mod:factory"),
+        ({"model": "nodots"}, "choose one of mlp, mlp-tiny, vit, gpt, gpt-tied, moe or pkg.mod:factory"),
         ({"compression": "int8"}, "unknown compression 'int8'"),
         ({"batch_size": 0}, "--batch-size must be at least 1, got 0"),
         ({"lr": -1.0}, "--lr must be positive, got -1.0"),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ringtree.sim.curve import Curve
 from ringtree.sim.hardware import Cluster
 from ringtree.sim.nccl_model import BASE_LAT, HW_LAT
 from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
@@ -127,8 +128,6 @@ def seconds(tuning: NcclTuning, p: int, nodes: int, nbytes: int) -> tuple[float,
     )
     if not rows:
         return model, priced
-    from ringtree.sim.measured import Curve  # (here: measured reads the calibration, which reads this)
-
     sizes, times = zip(*rows, strict=True)
     curve = Curve("native", nodes, p // nodes, sizes, times, (0.0,) * len(rows))
     fit = functools.partial(_corrected_s, tuning, p, nodes)
