@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree import comm
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 
 
 def _world(rank: int, numel: int, algorithms: list[str], iters: int) -> dict[str, dict[str, float]]:

@@ -32,9 +32,9 @@ import torch.distributed as dist
 from pipeline_bubble import _analyse, _timed, _vit_batches
 
 from ringtree.bench import environment
-from ringtree.launch import spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import ActionSpan, PipelineStage
+from ringtree.processes import spawn
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
 from ringtree.sim.pipeline import StageCosts, replay_pipeline
 from ringtree.train.models import ViT

@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from ringtree.bench import environment
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
 
 WIDTH, STEPS, EVERY, BATCH = 2048, 30, 10, 32

@@ -75,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.json is not None and args.json.exists():
         parser.error(f"--json {args.json} exists; remove it or name another file")
-    torch.set_num_threads(1)  # as every stage process of ringtree.launch runs
+    torch.set_num_threads(1)  # as every stage process of ringtree.processes runs
     rows = measure(args.repeats)
     columns = [k for k in rows[0] if k != "operation"]
     print(f"{'microseconds, median':28}" + "".join(f"{c:>22}" for c in columns))

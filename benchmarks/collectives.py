@@ -32,7 +32,7 @@ import torch.distributed as dist
 from ringtree import comm
 from ringtree.bench import busbw_factor, environment
 from ringtree.comm.shm import TRANSPORT_ENV
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from ddp_throughput import VARIANTS, Setup, model, wrap
 
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel
+from ringtree.processes import spawn
 
 
 def worker(rank: int, variant: str, steps: int) -> dict[str, Any]:

@@ -28,8 +28,8 @@ from torch import nn
 
 from ringtree import comm_hook
 from ringtree.bench import environment
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel
+from ringtree.processes import spawn
 
 
 @dataclass(frozen=True)

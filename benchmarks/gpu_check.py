@@ -53,10 +53,10 @@ from torch import nn
 
 from ringtree import DistributedDataParallel, ShardedDataParallel, comm
 from ringtree.bench import environment
-from ringtree.launch import elastic_spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.parallel.tensor import ParallelBlock
+from ringtree.processes import elastic_spawn
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
 from ringtree.train.memory import model_state_bytes
 from ringtree.train.models import Block, ViT

@@ -30,9 +30,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree.bench import environment
-from ringtree.launch import spawn
 from ringtree.parallel import ExpertParallel, MoE, placement
 from ringtree.parallel.moe import CLOCK
+from ringtree.processes import spawn
 
 RINGTREE = ("auto", "pairwise", "bruck", "linear", "hierarchical")
 VARIANTS = ("native", *RINGTREE)

@@ -42,11 +42,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree.bench import environment
-from ringtree.launch import spawn
 from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import ActionSpan, MicroBatch, PipelineStage
 from ringtree.plots import plot_bubble, plot_gantt
+from ringtree.processes import spawn
 from ringtree.schedules.pipeline import PipelineSchedule, build, theoretical_bubble_fraction
 from ringtree.sim.pipeline import StageCosts, replay_pipeline
 from ringtree.train import trace

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ringtree.bench import environment
 from ringtree.comm import shm
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 
 TIMEOUT = timedelta(seconds=60)
 

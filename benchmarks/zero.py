@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ringtree.bench import environment
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
+from ringtree.processes import spawn
 from ringtree.train.memory import MB, model_state_bytes
 
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from torch import nn
 from torch.utils.data import Dataset
 
-from ringtree.launch import restart_count
+from ringtree.processes import restart_count
 from ringtree.train.data import digits
 
 KILL_AFTER = "RINGTREE_TEST_KILL_AFTER"

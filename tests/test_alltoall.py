@@ -14,7 +14,7 @@ from alltoall_checks import against_torch, gradients_against_torch
 
 from ringtree import comm, schedules
 from ringtree.comm import alltoall, exchange
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.schedules import Op, OpKind, Schedule
 from ringtree.schedules.verify import ScheduleError, dry_run
 from ringtree.topology import Topology

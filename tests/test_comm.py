@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree import comm
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 
 # The ~1M-element case moves real volume, so it runs on a non-power of two, a power of two and
 # the largest world (every algorithm and dtype there); the small counts run on every world size.

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ringtree
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 
 STEPS = 3
 

@@ -10,7 +10,7 @@ from ringtree import schedules
 from ringtree.comm import executor
 from ringtree.comm.plan import DIRECT, REDUCE, compile_plan
 from ringtree.comm.shm import TRANSPORT_ENV
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.topology import Topology
 
 

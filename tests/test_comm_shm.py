@@ -17,8 +17,8 @@ from collective_checks import against_torch
 from ringtree import comm, schedules
 from ringtree.comm import shm
 from ringtree.comm.reduce_ops import COMBINE
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, placement
+from ringtree.processes import spawn
 from ringtree.schedules.base import Builder
 from ringtree.topology import Topology
 

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.comm import p2p
-from ringtree.launch import spawn
 from ringtree.parallel import ContextParallel
+from ringtree.processes import spawn
 from ringtree.schedules.ring_attention import (
     CAUSAL,
     FULL,

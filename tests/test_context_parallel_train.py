@@ -18,8 +18,8 @@ from test_bad_input import _exits_2
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ringtree.launch import spawn
 from ringtree.parallel import SDPA, ContextParallel, MeshShape
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
 from ringtree.train.config import ConfigError
 from ringtree.train.factories import cross_entropy

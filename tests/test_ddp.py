@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree import comm
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel
+from ringtree.processes import spawn
 
 STEPS = 3  # optimizer steps per case
 B = 4  # samples per rank per step

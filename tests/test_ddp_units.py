@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ringtree.comm import CollectiveError
-from ringtree.parallel import DistributedDataParallel, buckets, launcher
+from ringtree.parallel import DistributedDataParallel, async_reduce, buckets
 
 
 def params(*sizes: int) -> list[tuple[str, nn.Parameter]]:
@@ -57,15 +57,15 @@ def test_needs_a_process_group() -> None:
 
 def test_unknown_algorithm() -> None:
     with pytest.raises(ValueError, match="unknown all_reduce algorithm 'rnig'"):
-        launcher.make_launcher("rnig", None, 1.0)
+        async_reduce.make_launcher("rnig", None, 1.0)
 
 
 def test_comm_thread_failure_is_reraised(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise CollectiveError("peer 3 died")
 
-    monkeypatch.setattr(launcher.comm, "all_reduce", broken)
-    thread = launcher.ThreadLauncher("ring", None, timeout_s=5.0)
+    monkeypatch.setattr(async_reduce.comm, "all_reduce", broken)
+    thread = async_reduce.ThreadLauncher("ring", None, timeout_s=5.0)
     thread.launch(0, torch.zeros(4), validate=False)
     with pytest.raises(CollectiveError, match="peer 3 died"):
         thread.wait_all()
@@ -74,8 +74,8 @@ def test_comm_thread_failure_is_reraised(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_comm_thread_runs_buckets_in_launch_order(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[float] = []
-    monkeypatch.setattr(launcher.comm, "all_reduce", lambda t, *a, **k: seen.append(float(t[0])))
-    thread = launcher.ThreadLauncher("ring", None, timeout_s=5.0)
+    monkeypatch.setattr(async_reduce.comm, "all_reduce", lambda t, *a, **k: seen.append(float(t[0])))
+    thread = async_reduce.ThreadLauncher("ring", None, timeout_s=5.0)
     for j in range(5):
         thread.launch(j, torch.full((2,), float(j)), validate=False)
     spans = thread.wait_all()
@@ -97,8 +97,8 @@ def test_wait_all_runs_unstarted_buckets_on_the_caller_s_thread(monkeypatch: pyt
             hold.wait(5.0)
         seen.append((float(t[0]), threading.current_thread().name))
 
-    monkeypatch.setattr(launcher.comm, "all_reduce", reduce)
-    thread = launcher.ThreadLauncher("ring", None, timeout_s=5.0)
+    monkeypatch.setattr(async_reduce.comm, "all_reduce", reduce)
+    thread = async_reduce.ThreadLauncher("ring", None, timeout_s=5.0)
     for j in range(3):
         thread.launch(j, torch.full((2,), float(j)), validate=False)
     thread.launch(3, torch.full((2,), 3.0), validate=False, defer=True)
@@ -114,10 +114,10 @@ def test_wait_all_runs_unstarted_buckets_on_the_caller_s_thread(monkeypatch: pyt
 def test_taking_back_stops_at_the_first_started_bucket() -> None:
     from concurrent.futures import Future
 
-    started: Future[launcher.Span] = Future()
+    started: Future[async_reduce.Span] = Future()
     started.set_running_or_notify_cancel()
-    waiting: list[Future[launcher.Span]] = [Future(), Future()]
-    assert launcher._take_back_unstarted([Future(), started, *waiting, None]) == [
+    waiting: list[Future[async_reduce.Span]] = [Future(), Future()]
+    assert async_reduce._take_back_unstarted([Future(), started, *waiting, None]) == [
         False,
         False,
         True,

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ringtree import comm
 from ringtree.comm import flight_recorder, shm
-from ringtree.launch import elastic_spawn, restart_count, spawn
+from ringtree.processes import elastic_spawn, restart_count, spawn
 
 
 def _error(fn: Any) -> str:

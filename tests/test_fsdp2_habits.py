@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
 from ringtree.parallel.guard import WrongParametersError
 from ringtree.parallel.tensor.plan import parallelize
+from ringtree.processes import spawn
 
 STEPS, B, CLIP = 4, 4, 0.05
 

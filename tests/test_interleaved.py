@@ -14,8 +14,8 @@ from torch.utils.data import TensorDataset
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.launch import spawn
 from ringtree.parallel.pipeline.interleaved import InterleavedStage
+from ringtree.processes import spawn
 from ringtree.schedules.pipeline import build, interleaved, one_f_one_b, theoretical_bubble_fraction
 from ringtree.schedules.pipeline_verify import dry_run, peak_in_flight
 from ringtree.show.pipeline import timeline

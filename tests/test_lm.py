@@ -18,9 +18,9 @@ from torch.utils.data import TensorDataset
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.launch import spawn
 from ringtree.parallel.tensor import ColumnParallelLinear, RowParallelLinear, copy_to_dense
 from ringtree.parallel.tensor.plan import check_plan, parallelize
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
 from ringtree.train.factories import cross_entropy
 from ringtree.train.gpt import GPT, GPTConfig

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ringtree.comm import CollectiveError
 from ringtree.comm.mailbox import META, SPIN_ENV, SPIN_US, mailbox, spin_s
 from ringtree.comm.shm import LIVENESS_S
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 
 
 def _files() -> list[str]:

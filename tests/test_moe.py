@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, ExpertParallel, MoE
 from ringtree.parallel.moe import CLOCK, AllToAllDispatcher, LocalDispatcher, expert_major, sort_by_expert
+from ringtree.processes import spawn
 
 DIM, HIDDEN, EXPERTS, TOKENS = 8, 16, 8, 12
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
 
 SMALL = {

@@ -24,9 +24,9 @@ from torch import nn
 from ringtree.comm import mailbox
 from ringtree.comm.errors import CollectiveError
 from ringtree.comm.shm import TRANSPORT_ENV
-from ringtree.launch import spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
+from ringtree.processes import spawn
 from ringtree.schedules.pipeline import build
 
 P = 3

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ringtree.comm.errors import CollectiveError
-from ringtree.launch import spawn
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
+from ringtree.processes import spawn
 from ringtree.schedules.pipeline import build
 from ringtree.schedules.pipeline_verify import peak_versions
 from ringtree.train import TrainConfig, Trainer

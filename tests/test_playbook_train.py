@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
 from ringtree.train.models import build_model
 from ringtree.train.techniques import ShardedStream

@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer, tensor_parallel
 
 BASE = TrainConfig(epochs=1, batch_size=8, lr=1e-2, progress=False, bucket_mb=0.0005)

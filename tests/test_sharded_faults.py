@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree.comm import flight_recorder
-from ringtree.launch import spawn
 from ringtree.parallel import ShardedDataParallel
 from ringtree.parallel.shards import local
+from ringtree.processes import spawn
 from ringtree.train.techniques.amp import MixedPrecision
 
 

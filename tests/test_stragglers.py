@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train.stragglers import StragglerMonitor
 
 

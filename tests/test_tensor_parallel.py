@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ringtree.launch import spawn
 from ringtree.parallel import (
     ColumnParallelLinear,
     DistributedDataParallel,
@@ -34,6 +33,7 @@ from ringtree.parallel.tensor import (
     shard_optimizer_state,
 )
 from ringtree.parallel.tensor.ops import Group
+from ringtree.processes import spawn
 from ringtree.train.models import Block, ViT
 
 TOL = 1e-5

@@ -5,7 +5,7 @@ Nothing is lost: torchrun starts every worker with `python -u` and, without --te
 lets it write straight to the agent's stdout, which the node's ranks share. Under `-u`, print()
 writes the text and the newline in two calls, so two ranks printing at the same moment can
 interleave as "line A" "line B" "\\n" "\\n", and a reader counting lines sees one rank's line
-fewer. ringtree.launch.whole_lines (called when ringtree joins a torchrun world) makes each line
+fewer. ringtree.processes.whole_lines (called when ringtree joins a torchrun world) makes each line
 one write."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ringtree.launch import whole_lines
+from ringtree.processes import whole_lines
 
 SCRIPT = """
 import sys

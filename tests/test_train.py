@@ -13,7 +13,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train import RankResult, TrainConfig, Trainer
 from ringtree.train.config import ConfigError, effective
 from ringtree.train.data import digits

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import ringtree
 from ringtree.cli.app import app
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
 from ringtree.train.config import (
     LAYOUTS,
@@ -261,7 +261,7 @@ def test_cli_trains_a_users_model_data_and_loss(tmp_path: Path, monkeypatch: pyt
 
 def test_device_plumbing_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """--device resolves, picks the backend and refuses what cannot run, whatever this machine has."""
-    from ringtree.launch import default_backend
+    from ringtree.processes import default_backend
     from ringtree.train.config import device_type
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

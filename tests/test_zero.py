@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
 from ringtree.parallel.shards import local
+from ringtree.processes import spawn
 
 STEPS = 3
 B = 4  # samples per rank per micro-batch

@@ -14,8 +14,8 @@ from torch import nn
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.launch import spawn
 from ringtree.parallel import ShardedDataParallel
+from ringtree.processes import spawn
 from ringtree.train import sharded_checkpoint
 from ringtree.train.checkpoint import CheckpointError
 from ringtree.train.layout import Place, whole

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ringtree.launch import spawn
 from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
+from ringtree.processes import spawn
 from ringtree.train.factories import make_model
 from ringtree.train.language import IGNORE, sort_datasets
 

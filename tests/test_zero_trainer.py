@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ringtree.launch import spawn
+from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
 
 BASE = TrainConfig(epochs=1, batch_size=8, lr=1e-2, progress=False, pp=2, micro_batches=2, bucket_mb=0.0005)

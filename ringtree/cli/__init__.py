@@ -23,7 +23,7 @@ def main() -> None:
     C++ destructors sometimes abort a gloo worker there ("terminate called without an active
     exception") after a successful run, and torchrun would report the job as failed."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        from ringtree.launch import whole_lines
+        from ringtree.processes import whole_lines
 
         whole_lines()  # torchrun's `python -u` splits a print in two writes that ranks interleave
     try:

@@ -109,7 +109,7 @@ def bench(
 
 def _run(cfg: BenchConfig, nproc: int, local_size: int) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
     """Under torchrun: run in this world. Otherwise spawn nproc local ranks."""
-    from ringtree.launch import default_backend, run_under_torchrun, spawn, under_torchrun
+    from ringtree.processes import default_backend, run_under_torchrun, spawn, under_torchrun
 
     backend = default_backend(cfg.device)
     if under_torchrun():

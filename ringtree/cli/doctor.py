@@ -56,7 +56,7 @@ def doctor(
 
 def _run(cfg: DoctorConfig, nproc: int, local_size: int) -> dict[str, Any] | None:
     """Under torchrun: this world. Otherwise nproc spawned local ranks (as `bench` does)."""
-    from ringtree.launch import run_under_torchrun, spawn, under_torchrun
+    from ringtree.processes import run_under_torchrun, spawn, under_torchrun
 
     if under_torchrun():
         return run_under_torchrun(_ranked, (cfg,), timeout_s=cfg.timeout_s)  # type: ignore[no-any-return]

@@ -82,7 +82,7 @@ def train(ctx: typer.Context, **options: Any) -> None:
 
 def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None, nproc: int) -> TrainConfig:
     """The file's options, then the flags given on the command line; refused (exit 2) if invalid."""
-    from ringtree.launch import under_torchrun
+    from ringtree.processes import under_torchrun
     from ringtree.train import TrainConfig
     from ringtree.train.config import check_world, load_file
     from ringtree.train.models import recipe
@@ -108,7 +108,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
 
 def _check_restarts(cfg: TrainConfig) -> None:
     """Under torchrun its agent restarts the workers: --max-restarts must be torchrun's own."""
-    from ringtree.launch import under_torchrun
+    from ringtree.processes import under_torchrun
 
     agent = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
     if cfg.max_restarts and under_torchrun() and agent is not None and int(agent) != cfg.max_restarts:
@@ -122,7 +122,7 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
     """Under torchrun: train in this world (rank 0 gathers every rank's result). Otherwise start
     nproc local workers under torch's elastic agent, the one torchrun runs, so that a killed worker
     is restarted (--max-restarts) exactly as on a cluster."""
-    from ringtree.launch import default_backend, elastic_spawn, run_under_torchrun, under_torchrun
+    from ringtree.processes import default_backend, elastic_spawn, run_under_torchrun, under_torchrun
     from ringtree.train.config import device_type
 
     backend = default_backend(device_type(cfg))

@@ -62,7 +62,7 @@ SPIN_US = 500  # the default: the waits of a steady 1F1B stage here (50-300 us) 
 def spin_s() -> float:
     """How long a waiting receiver polls its pipe before it sleeps: SPIN_ENV's value (default
     SPIN_US, at most LIVENESS_S so that a dead sender is still noticed in time), but only with a
-    core for every local process (LOCAL_WORLD_SIZE, as torchrun and ringtree.launch set it), so
+    core for every local process (LOCAL_WORLD_SIZE, as torchrun and ringtree.processes set it), so
     that polling takes no other process's core; 0 otherwise."""
     setting = os.environ.get(SPIN_ENV, str(SPIN_US))
     try:

@@ -18,7 +18,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ringtree.doctor import measure_pair
-from ringtree.launch import run_under_torchrun
+from ringtree.processes import run_under_torchrun
 
 IDLE_PAUSE_S = 1.0
 ITERS = 3

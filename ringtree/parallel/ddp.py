@@ -35,8 +35,8 @@ from torch import nn
 from ringtree import comm
 from ringtree.comm import shm
 from ringtree.parallel import placement
+from ringtree.parallel.async_reduce import Launcher, Span, make_launcher
 from ringtree.parallel.buckets import MB, Allocator, Bucket, build
-from ringtree.parallel.launcher import Launcher, Span, make_launcher
 from ringtree.parallel.replicas import broadcast_state, replicated
 
 COMPRESSION: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -116,7 +116,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         if not dist.is_initialized():
             raise RuntimeError(
                 "DistributedDataParallel needs a process group: call "
-                "torch.distributed.init_process_group first (torchrun, or ringtree.launch.spawn)"
+                "torch.distributed.init_process_group first (torchrun, or ringtree.processes.spawn)"
             )
         self.module = module
         self.device_ids = device_ids

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtree import comm
-from ringtree.parallel.launcher import Span
+from ringtree.parallel.async_reduce import Span
 from ringtree.parallel.replicas import broadcast_state
 
 MASTER = 0

@@ -41,10 +41,10 @@ from torch.utils.hooks import RemovableHandle
 
 from ringtree import comm
 from ringtree.comm import CollectiveError
+from ringtree.parallel.async_reduce import Span
 from ringtree.parallel.buckets import MB, assign
 from ringtree.parallel.ddp import SyncStats, SyncSwitch, _union
 from ringtree.parallel.guard import guard_whole_parameters, unguard
-from ringtree.parallel.launcher import Span
 from ringtree.parallel.replicas import broadcast_state, replicated
 from ringtree.parallel.shard_state import ShardStateDicts
 from ringtree.parallel.shards import FlatBucket, flatten, local
@@ -86,7 +86,7 @@ class ShardedDataParallel(SyncSwitch, ShardStateDicts):
         if not dist.is_initialized():
             raise RuntimeError(
                 "ShardedDataParallel needs a process group: call torch.distributed.init_process_group "
-                "first (torchrun, or ringtree.launch.spawn)"
+                "first (torchrun, or ringtree.processes.spawn)"
             )
         self.module, self.zero, self.algorithm = module, zero, algorithm
         self.process_group, self._timeout_s = process_group, timeout_s

@@ -27,9 +27,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ringtree.launch import restart_count
 from ringtree.parallel import Mesh
 from ringtree.parallel.mismatch import check_keys
+from ringtree.processes import restart_count
 from ringtree.train import checkpoint, layout, sharded_checkpoint, tensor_parallel
 from ringtree.train.config import TrainConfig
 from ringtree.train.parallelize import Parallelized

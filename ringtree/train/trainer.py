@@ -31,11 +31,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from ringtree.launch import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh, ShardedDataParallel
 from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.moe import CLOCK as A2A_CLOCK
 from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
+from ringtree.processes import default_backend, init_from_env, restart_count, under_torchrun
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import interrupt, memory
 from ringtree.train.checkpointer import Checkpointer, check_resumable
