@@ -15,7 +15,7 @@ import resource
 import time
 
 from ringtree.sim import INTER, INTRA, Cluster
-from ringtree.sim.alltoall import ALGORITHMS, estimate, replay
+from ringtree.sim.network.alltoall import ALGORITHMS, estimate, replay
 
 NBYTES = 64 << 20
 

@@ -36,7 +36,7 @@ from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import ActionSpan, PipelineStage
 from ringtree.processes import spawn
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
-from ringtree.sim.pipeline import StageCosts, replay_pipeline
+from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
 from ringtree.train.models import ViT
 from ringtree.train.stages import model_layers
 

@@ -37,11 +37,11 @@ from typing import Any
 import torch
 
 from ringtree.bench import environment
-from ringtree.sim import compute
-from ringtree.sim.clusters import get
-from ringtree.sim.layout import Training
-from ringtree.sim.predictor import layer_times
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import get
+from ringtree.sim.training import compute
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.predictor import layer_times
+from ringtree.sim.training.transformer import Transformer
 from ringtree.train.gpt import DecoderBlock, GPTConfig
 
 NO_CUDA = "no CUDA device: nothing to measure (pass --allow-cpu to run on CPU)"

@@ -4,7 +4,7 @@
 Each row is priced as `Training(batch, b, t, p, "fp16", "full", flash_attention=False)` on `dgx-a100`
 nodes: table 1's rows at the micro-batches of Megatron-LM's `examples/sc21/run_table_1.sh`, the
 figures' at 1 (`run_figure_1[345].sh`). Figure 14 at batch 512 (TP 1) is the set the planner's
-per-layer cost of this stack (`ringtree.sim.compute.UNFUSED_LAYER_S`) was fitted to; the other rows
+per-layer cost of this stack (`ringtree.sim.training.compute.UNFUSED_LAYER_S`) was fitted to; the other rows
 are held out.
 
     PYTHONPATH=. python benchmarks/megatron_2021.py   (model arithmetic, a few seconds)
@@ -18,10 +18,10 @@ import statistics
 from pathlib import Path
 from types import ModuleType
 
-from ringtree.sim.clusters import get
-from ringtree.sim.layout import Training
-from ringtree.sim.predictor import plan
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import get
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.predictor import plan
+from ringtree.sim.training.transformer import Transformer
 
 # examples/sc21/run_table_1.sh: MBS of the 1.7B .. 145.6B rows (the larger ones are not small models)
 TABLE_1_MICRO_BATCH = {1.7: 16, 3.6: 16, 7.5: 16, 18.4: 8, 39.1: 4, 76.1: 2, 145.6: 2}

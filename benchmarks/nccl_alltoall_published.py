@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ringtree.sim.alltoall import alltoall_time
-from ringtree.sim.clusters import preset_cluster
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.nccl_tests import parse
+from ringtree.sim.network.alltoall import alltoall_time
+from ringtree.sim.network.clusters import preset_cluster
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.network.nccl_tests import parse
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl-tests"
 MIN_BYTES = 1 << 20

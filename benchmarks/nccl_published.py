@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ringtree.sim.allreduce import allreduce_time
-from ringtree.sim.clusters import preset_cluster
-from ringtree.sim.nccl_tests import parse
+from ringtree.sim.network.allreduce import allreduce_time
+from ringtree.sim.network.clusters import preset_cluster
+from ringtree.sim.network.nccl_tests import parse
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl-tests"
 

@@ -22,7 +22,7 @@ in its forward and twice that in its backward: a stand-in for a device's compute
 stages of one pipeline do not compete for the host's cores (the reference machine has 2) and the
 bubble measured is the schedule's. The memory rows use the real `vit` (4 layers, one per stage at
 p = 4). Each case runs once as warm-up and then `--repeats` times; the median is reported, and
-the replay of the same schedule (ringtree.sim.pipeline) with the measured per-stage times
+the replay of the same schedule (ringtree.sim.training.pipeline) with the measured per-stage times
 predicts each step.
 """
 
@@ -48,7 +48,7 @@ from ringtree.parallel.pipeline.runtime import ActionSpan, MicroBatch, PipelineS
 from ringtree.plots import plot_bubble, plot_gantt
 from ringtree.processes import spawn
 from ringtree.schedules.pipeline import PipelineSchedule, build, theoretical_bubble_fraction
-from ringtree.sim.pipeline import StageCosts, replay_pipeline
+from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
 from ringtree.train import trace
 from ringtree.train.factories import cross_entropy
 from ringtree.train.gpt import GPT

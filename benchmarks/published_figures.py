@@ -10,11 +10,11 @@ from __future__ import annotations
 import statistics
 
 from ringtree.sim import INTER, INTRA, Cluster, Link, estimate
-from ringtree.sim.clusters import get
-from ringtree.sim.layout import Training
-from ringtree.sim.plan import StepConfig, predict_step
-from ringtree.sim.predictor import plan
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import get
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.plan import StepConfig, predict_step
+from ringtree.sim.training.predictor import plan
+from ringtree.sim.training.transformer import Transformer
 
 # Narayanan et al. 2021, table 1: (params B, heads, hidden, layers, t, p, GPUs, batch, TFLOP/s per GPU).
 MEGATRON = [

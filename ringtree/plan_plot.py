@@ -1,6 +1,6 @@
 """The transformer planner's picture: one step per pipeline stage beside each stage's memory.
 
-`step_segments` splits a predicted step (ringtree.sim.predictor.plan) into what every pipeline stage
+`step_segments` splits a predicted step (ringtree.sim.training.predictor.plan) into what every pipeline stage
 spends it on: its forward, backward and recompute, the communication the step's `breakdown` leaves
 on the critical path (TP, CP, EP, ZeRO gathers, the exposed data-parallel reduction), the optimizer,
 and the bubble, the rest of the step. The slowest stage's parts are the JSON's `breakdown` (its
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ringtree.sim.clusters import GPU
-from ringtree.sim.layout import Training
-from ringtree.sim.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, GiB
-from ringtree.sim.plan import StepPrediction
-from ringtree.sim.predictor import work
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, GiB
+from ringtree.sim.training.plan import StepPrediction
+from ringtree.sim.training.predictor import work
+from ringtree.sim.training.transformer import Transformer
 
 # The parts of a step, in the order drawn, with their colours; a breakdown key not named here (a
 # part the planner learns later) is drawn under its own name in grey.

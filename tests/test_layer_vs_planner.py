@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringtree.sim import compute
-from ringtree.sim.clusters import get
+from ringtree.sim.network.clusters import get
+from ringtree.sim.training import compute
 from tests.benchmark_scripts import load
 
 

@@ -9,11 +9,11 @@ import statistics
 
 import pytest
 
-from ringtree.sim import compute
-from ringtree.sim.clusters import get
-from ringtree.sim.layout import Training
-from ringtree.sim.predictor import layer_times
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import get
+from ringtree.sim.training import compute
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.predictor import layer_times
+from ringtree.sim.training.transformer import Transformer
 from tests.benchmark_scripts import load
 
 GPT_5B = Transformer(32, 3840, 32, 2048, 51200)  # Narayanan et al.'s figures 14 and 15

@@ -8,8 +8,8 @@ from types import ModuleType
 
 import pytest
 
-from ringtree.sim import nccl_model
-from ringtree.sim.clusters import preset_cluster
+from ringtree.sim.network import nccl_model
+from ringtree.sim.network.clusters import preset_cluster
 from tests.benchmark_scripts import load
 
 TARGET = 0.15  # issue 21: median |error| over the tables at most 15%

@@ -24,9 +24,9 @@ from ringtree.schedules.pipeline_verify import (
     peak_versions,
     staleness,
 )
-from ringtree.sim.hardware import Link
-from ringtree.sim.pipeline import StageCosts, replay_pipeline
-from ringtree.sim.plan import predict_pipeline
+from ringtree.sim.network.hardware import Link
+from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
+from ringtree.sim.training.plan import predict_pipeline
 from ringtree.train.models import ViT
 from ringtree.train.stages import model_layers
 

@@ -16,15 +16,15 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim import compute
-from ringtree.sim.clusters import A100_80, B200, GPU, H100, get
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.layout import Training, check
-from ringtree.sim.memory import stage_layers
-from ringtree.sim.plan import Layout, StepWork, predict
-from ringtree.sim.predictor import default_algorithm, plan, work
-from ringtree.sim.search import search
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import A100_80, B200, GPU, H100, get
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.training import compute
+from ringtree.sim.training.layout import Training, check
+from ringtree.sim.training.memory import stage_layers
+from ringtree.sim.training.plan import Layout, StepWork, predict
+from ringtree.sim.training.predictor import default_algorithm, plan, work
+from ringtree.sim.training.search import search
+from ringtree.sim.training.transformer import Transformer
 from tests.benchmark_scripts import load
 
 # what the published runs reach (docs/results/planner-accuracy.md), rounded up

@@ -1,6 +1,6 @@
 """`plan --elementwise eager` (issue 21): eager PyTorch's elementwise kernels, each a pass through HBM.
 
-The kernel counts of ringtree.sim.eager are checked against the aten ops torch's own autograd runs
+The kernel counts of ringtree.sim.training.eager are checked against the aten ops torch's own autograd runs
 for torchtitan's code (views and allocations launch no kernel); the pricing against the bytes
 counted by hand; the default (fused) against the compute model it had before the option."""
 
@@ -18,12 +18,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim import compute, eager
-from ringtree.sim.clusters import H100, get
-from ringtree.sim.layout import Training
-from ringtree.sim.memory import activation_bytes_per_layer
-from ringtree.sim.predictor import layer_times, plan
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import H100, get
+from ringtree.sim.training import compute, eager
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.memory import activation_bytes_per_layer
+from ringtree.sim.training.predictor import layer_times, plan
+from ringtree.sim.training.transformer import Transformer
 
 LLAMA = Transformer(4, 1024, 16, 2048, 32000, 4, 2816, "swiglu")
 NO_KERNEL = {"view", "_unsafe_view", "expand", "transpose", "view_as_complex", "view_as_real", "unsqueeze",

@@ -2,7 +2,7 @@
 stored) and `--recompute op` (torchtitan's per-op selective AC) for the transformer (issue 21).
 
 Megatron-LM, torchtitan's FSDP2, Apex's DistributedFusedAdam and Llama 3 reduce bf16 runs' gradients
-in fp32 (ringtree/sim/layout.py); the planner prices that in the data-parallel reduction's bytes and
+in fp32 (ringtree/sim/training/layout.py); the planner prices that in the data-parallel reduction's bytes and
 in the gradient buffers, while ZeRO's parameter all-gathers keep moving 16-bit weights."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim.clusters import H100
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.layout import Training
-from ringtree.sim.memory import activation_bytes_per_layer, states_bytes
-from ringtree.sim.plan import Layout, StepWork, predict
-from ringtree.sim.predictor import layer_times, work
-from ringtree.sim.search import candidates
-from ringtree.sim.transformer import MODELS, SEARCHED, Transformer
+from ringtree.sim.network.clusters import H100
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.memory import activation_bytes_per_layer, states_bytes
+from ringtree.sim.training.plan import Layout, StepWork, predict
+from ringtree.sim.training.predictor import layer_times, work
+from ringtree.sim.training.search import candidates
+from ringtree.sim.training.transformer import MODELS, SEARCHED, Transformer
 
 MODEL = Transformer(4, 1024, 16, 2048, 32000, 4, 2816, "swiglu")
 # bandwidth only (no latency): a collective's time is exactly proportional to its bytes

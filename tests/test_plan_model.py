@@ -13,15 +13,15 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.json_keys import OUTPUTS
-from ringtree.sim import compute
-from ringtree.sim.clusters import CLUSTERS, get
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.layout import Training, check
-from ringtree.sim.memory import GiB, memory, stages, states_bytes
-from ringtree.sim.plan import Layout, StepWork, predict
-from ringtree.sim.predictor import plan
-from ringtree.sim.search import candidates, search
-from ringtree.sim.transformer import MODELS, Transformer
+from ringtree.sim.network.clusters import CLUSTERS, get
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.training import compute
+from ringtree.sim.training.layout import Training, check
+from ringtree.sim.training.memory import GiB, memory, stages, states_bytes
+from ringtree.sim.training.plan import Layout, StepWork, predict
+from ringtree.sim.training.predictor import plan
+from ringtree.sim.training.search import candidates, search
+from ringtree.sim.training.transformer import MODELS, Transformer
 
 runner = CliRunner()
 H100 = get("dgx-h100")
@@ -108,7 +108,7 @@ def test_zero_shards_exactly_its_states_over_dp() -> None:
 def test_a_shard_group_shards_inside_it_and_reduces_across_the_groups() -> None:
     """--shard-group S (HSDP): the states are sharded over S ranks, not all of DP; each gradient bucket
     is reduce-scattered inside the group, then its 1/S shard all-reduced across the dp / S groups."""
-    from ringtree.sim.plan import buckets, collective_s, dp_group
+    from ringtree.sim.training.plan import buckets, collective_s, dp_group
 
     slow = H100.cluster(4)  # 32 GPUs on 4 nodes
     full, hybrid = (Training(32, zero=3, shard_group=s) for s in (0, 8))
@@ -139,7 +139,7 @@ def test_a_shard_group_shards_inside_it_and_reduces_across_the_groups() -> None:
 def test_block_recompute_reruns_only_its_layers() -> None:
     """--recompute full --recompute-layers K (Megatron's block method): K layers of each stage (of
     each chunk when interleaved) rerun their forward and store only their input; the rest store all."""
-    from ringtree.sim.predictor import layer_times, work
+    from ringtree.sim.training.predictor import layer_times, work
 
     gpu, model = H100.gpu, MODELS["llama3-8b"]
     none, full = Training(16, recompute="none"), Training(16, recompute="full")
@@ -166,7 +166,7 @@ def test_block_recompute_reruns_only_its_layers() -> None:
 
 
 def activation(model: Transformer, run: Training) -> float:
-    from ringtree.sim.memory import activation_bytes_per_layer
+    from ringtree.sim.training.memory import activation_bytes_per_layer
 
     return activation_bytes_per_layer(model, run)
 
@@ -216,7 +216,7 @@ def test_context_parallelism_splits_the_sequence_and_prices_its_ring() -> None:
 def test_all_gather_context_parallelism_exposes_its_gathers() -> None:
     """--cp-comm all-gather (Llama 3's CP): K and V gathered before every layer's attention, gathered
     again in the backward and their gradients reduce-scattered, none of it behind the attention."""
-    from ringtree.sim.plan import collective_s, dp_group
+    from ringtree.sim.training.plan import collective_s, dp_group
 
     cluster, model = H100.cluster(2), MODELS["llama3-8b"]
     ring, gathered = (
@@ -360,11 +360,11 @@ def test_help_is_grouped_by_model_layout_and_cluster() -> None:
 
 def test_the_planner_has_no_import_circle() -> None:
     """plan prices pipelines with sim.pipeline's replay; sim.pipeline imports nothing of the planner."""
-    sim = Path(__file__).resolve().parents[1] / "ringtree" / "sim"
-    assert "ringtree.sim.plan" not in (sim / "pipeline.py").read_text()
+    sim = Path(__file__).resolve().parents[1] / "ringtree" / "sim" / "training"
+    assert "ringtree.sim.training.plan" not in (sim / "pipeline.py").read_text()
     for low in ("transformer.py", "compute.py", "plan.py"):
         text = (sim / low).read_text()
-        assert not re.search(r"ringtree\.sim\.(predictor|search|layout|memory)\b", text), low
+        assert not re.search(r"ringtree\.sim\.training\.(predictor|search|layout|memory)\b", text), low
 
 
 def test_data_parallel_plan_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
@@ -382,8 +382,8 @@ def test_data_parallel_plan_json_keys_are_the_documented_ones(tmp_path: Path) ->
 
 def test_every_collective_is_priced_as_ringtree_sim_prices_it() -> None:
     """TP all-reduces under `native` cost what `ringtree sim --algorithm native` says for the group."""
-    from ringtree.sim.allreduce import allreduce_time
-    from ringtree.sim.plan import tp_group
+    from ringtree.sim.network.allreduce import allreduce_time
+    from ringtree.sim.training.plan import tp_group
 
     cluster = H100.cluster(2)
     row = plan(SMALL, Training(16, 1, 8), cluster, H100.gpu, "native")

@@ -11,14 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim import compute, fp8
-from ringtree.sim.alltoall import alltoall_seconds
-from ringtree.sim.clusters import B200, GB200, H100, get
-from ringtree.sim.layout import Training
-from ringtree.sim.memory import GiB, stages
-from ringtree.sim.plan import ep_group
-from ringtree.sim.predictor import plan, work
-from ringtree.sim.transformer import MODELS, Transformer
+from ringtree.sim.network.alltoall import alltoall_seconds
+from ringtree.sim.network.clusters import B200, GB200, H100, get
+from ringtree.sim.training import compute, fp8
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.memory import GiB, stages
+from ringtree.sim.training.plan import ep_group
+from ringtree.sim.training.predictor import plan, work
+from ringtree.sim.training.transformer import MODELS, Transformer
 
 runner = CliRunner()
 MIXTRAL = MODELS["mixtral-8x7b"]
@@ -200,7 +200,7 @@ def test_imbalance_and_capacity_load_the_busiest_rank() -> None:
 
 def test_search_ranks_ep_etp_and_the_fp8_recipe(tmp_path: Path) -> None:
     small = Transformer(8, 1024, 16, 1024, 32000, 4, 2048, "swiglu", False, False, False, 16, 2, 512)
-    from ringtree.sim.search import search
+    from ringtree.sim.training.search import search
 
     found = search(small, 64, get("dgx-h100").cluster(2), H100, "fp8", ("none",))
     layouts = {(r.ep, r.etp, r.details["training"]["fp8_recipe"]) for r in found.rows}
@@ -256,7 +256,7 @@ def test_moe_layers_wait_for_the_host_once_per_forward_whatever_the_dispatcher(t
     Core's alltoall splits, HybridEP's buffer sizes, the grouped GEMM's host list): one
     `moe.host_sync_s` per MoE layer and micro-batch, exposed in ep_comm_s, the same under `flex` as
     under `alltoall` (the same routed bytes); a dense model waits for nothing."""
-    from ringtree.sim import moe
+    from ringtree.sim.training import moe
 
     model, run = MODELS["qwen3-30b-a3b"], Training(64, 1, 1, 1, "bf16", ep=16)
     synced = work(model, run, H100, 16)

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from ringtree import plan_plot
 from ringtree.cli.app import app
 from ringtree.plan_plot import Segment, draw_plan, memory_segments, step_segments
-from ringtree.sim.clusters import get
-from ringtree.sim.layout import Training
-from ringtree.sim.predictor import plan
-from ringtree.sim.transformer import MODELS
+from ringtree.sim.network.clusters import get
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.predictor import plan
+from ringtree.sim.training.transformer import MODELS
 
 runner = CliRunner()
 PLAN = ["plan", "--model", "llama3-8b", "--global-batch", "64", "--nodes", "2", "--cluster", "dgx-h100"]

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.sim import make_cluster
-from ringtree.sim.closed_form import estimate
-from ringtree.sim.plan import StepConfig, predict_step
-from ringtree.sim.tensor_parallel import TPShape, dp_cluster, predict_tp_step, tp_cluster
+from ringtree.sim.network.closed_form import estimate
+from ringtree.sim.training.plan import StepConfig, predict_step
+from ringtree.sim.training.tensor_parallel import TPShape, dp_cluster, predict_tp_step, tp_cluster
 
 CLUSTER = make_cluster(4, 8, "nvlink-a100", "eth-10g", None, 1)
 CONFIG = StepConfig(1_500_000_000, 1.0, "fp16", None, False, 25.0, 1, 8)

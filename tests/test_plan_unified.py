@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.sim import INTER, INTRA, Cluster, Link
-from ringtree.sim.clusters import CLUSTERS, get, preset_cluster
-from ringtree.sim.explain import level_bounds, seed_derivation
-from ringtree.sim.layout import Training
-from ringtree.sim.memory import activation_bytes_per_layer, memory
-from ringtree.sim.plan import (
+from ringtree.sim.network.clusters import CLUSTERS, get, preset_cluster
+from ringtree.sim.training.explain import level_bounds, seed_derivation
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.memory import activation_bytes_per_layer, memory
+from ringtree.sim.training.plan import (
     Layout,
     StepConfig,
     StepWork,
@@ -24,8 +24,8 @@ from ringtree.sim.plan import (
     predict_step,
     with_run_wait,
 )
-from ringtree.sim.predictor import plan
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.training.predictor import plan
+from ringtree.sim.training.transformer import Transformer
 
 runner = CliRunner()
 TINY = Transformer(layers=2, hidden=64, heads=4, seq=16, vocab=100)
@@ -275,7 +275,7 @@ def test_a_preset_in_both_planners_goes_by_its_inputs() -> None:
 
 
 def test_the_error_bar_reads_residuals_levels_or_the_overall_fit(tmp_path: Path) -> None:
-    from ringtree.sim.explain import calibration_error
+    from ringtree.sim.training.explain import calibration_error
 
     f = tmp_path / "cal.json"
     f.write_text(json.dumps({"rms_rel_error": 0.1}))

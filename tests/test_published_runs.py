@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ringtree.sim.clusters import CLUSTERS
+from ringtree.sim.network.clusters import CLUSTERS
 from tests.benchmark_scripts import load
 
 METRICS = {"step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu"}

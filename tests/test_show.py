@@ -15,8 +15,8 @@ from ringtree.show import cost, make_cluster, timeline, trees_of, walk
 from ringtree.show.steps import holdings_frames, members
 from ringtree.show.text import contributors, holds_text
 from ringtree.show.trees import ascii_lines, interior_in_all, positions, role
-from ringtree.sim.closed_form import estimate
-from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.network.closed_form import estimate
+from ringtree.sim.network.hardware import Cluster, Link
 
 runner = CliRunner()
 N = 4 << 20  # bytes

@@ -9,8 +9,8 @@ import pytest
 
 from ringtree.schedules import Request, build
 from ringtree.sim import INTER, INTRA, Cluster, Link, estimate, make_cluster, replay_all_reduce
-from ringtree.sim.closed_form import ALGORITHMS
-from ringtree.sim.hardware import parse_link
+from ringtree.sim.network.closed_form import ALGORITHMS
+from ringtree.sim.network.hardware import parse_link
 from ringtree.topology import Topology
 
 A, BW, G = 5e-6, 1e9, 1e-10  # alpha, bandwidth, gamma of the exact-formula cases

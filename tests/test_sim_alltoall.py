@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 
 from ringtree.cli.app import app
 from ringtree.sim import INTER, INTRA, Cluster, Link
-from ringtree.sim.alltoall import ALGORITHMS, alltoall_seconds, alltoall_time, estimate, replay
-from ringtree.sim.alltoall_form import bruck_blocks
-from ringtree.sim.clusters import CLUSTERS
-from ringtree.sim.nccl_alltoall import price
-from ringtree.sim.nccl_model import tuning_for
+from ringtree.sim.network.alltoall import ALGORITHMS, alltoall_seconds, alltoall_time, estimate, replay
+from ringtree.sim.network.alltoall_form import bruck_blocks
+from ringtree.sim.network.clusters import CLUSTERS
+from ringtree.sim.network.nccl_alltoall import price
+from ringtree.sim.network.nccl_model import tuning_for
 
 MiB = 1 << 20
 

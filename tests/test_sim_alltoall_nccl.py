@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim import nccl_alltoall, nccl_fit
-from ringtree.sim.nccl_system import Corrections, NcclTuning
-from ringtree.sim.nccl_tests import NcclTestsError, parse, parse_text
-from ringtree.sim.spec import make_cluster
+from ringtree.sim.network import nccl_alltoall, nccl_fit
+from ringtree.sim.network.nccl_system import Corrections, NcclTuning
+from ringtree.sim.network.nccl_tests import NcclTestsError, parse, parse_text
+from ringtree.sim.network.spec import make_cluster
 from tests.benchmark_scripts import load
 
 DATA = Path(__file__).parent / "data" / "nccl-tests"

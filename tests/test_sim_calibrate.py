@@ -11,9 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli import app
-from ringtree.sim import Cluster, Link, allreduce_time, estimate, make_cluster, nccl_fit, nccl_model
-from ringtree.sim.calibrate import fit
-from ringtree.sim.nccl_tests import parse
+from ringtree.sim import Cluster, Link, allreduce_time, estimate, make_cluster
+from ringtree.sim.network import nccl_fit, nccl_model
+from ringtree.sim.network.calibrate import fit
+from ringtree.sim.network.nccl_tests import parse
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "nccl-tests"

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ringtree.cli import app
 from ringtree.sim import Cluster, Link, estimate
-from ringtree.sim.calibrate import fit
+from ringtree.sim.network.calibrate import fit
 
 runner = CliRunner()
 TRUE = {"alpha_s": 30e-6, "bandwidth_Bps": 2e9, "gamma": 2e-10}

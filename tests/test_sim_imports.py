@@ -12,11 +12,14 @@ from pathlib import Path
 import ringtree.sim
 
 SIM = Path(ringtree.sim.__file__).parent
+NETWORK = {p.stem for p in (SIM / "network").glob("*.py")} - {"__init__"}
+TRAINING = {p.stem for p in (SIM / "training").glob("*.py")} - {"__init__"}
+PACKAGE = {m: "network" for m in NETWORK} | {m: "training" for m in TRAINING}
 
 
 def imports(module: str) -> set[str]:
-    """The ringtree.sim modules `module` imports anywhere in its source."""
-    tree = ast.parse((SIM / f"{module}.py").read_text())
+    """The ringtree.sim modules `module` (network's or training's) imports anywhere in its source."""
+    tree = ast.parse((SIM / PACKAGE[module] / f"{module}.py").read_text())
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -25,11 +28,11 @@ def imports(module: str) -> set[str]:
             names = [a.name for a in node.names]
         else:
             continue
-        out |= {
-            n.split(".")[2]
-            for n in names
-            if n.startswith("ringtree.sim.") and (SIM / f"{n.split('.')[2]}.py").exists()
-        }
+        parts = [n.split(".") for n in names if n.startswith("ringtree.sim.")]
+        out |= {p[3] for p in parts if len(p) > 3 and p[2] in ("network", "training") and p[3] in PACKAGE}
+        assert not any(len(p) == 3 and p[2] in PACKAGE for p in parts), (
+            f"{module} imports a module by its old path"
+        )
     return out - {module}
 
 
@@ -51,3 +54,8 @@ def test_hardware_model_imports_only_data() -> None:
 def test_no_circle_through_hardware_measured_or_nccl_model() -> None:
     for module in ("hardware", "nccl_system", "nccl_model", "measured"):
         assert module not in reachable(module), f"{module} imports itself through {reachable(module)}"
+
+
+def test_the_network_model_imports_nothing_of_the_training_planner() -> None:
+    for module in NETWORK:
+        assert not imports(module) & TRAINING, f"network.{module} imports {imports(module) & TRAINING}"

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
-from ringtree.sim.allreduce import allreduce_time
-from ringtree.sim.measured import allreduce_seconds
-from ringtree.sim.nccl_tests import parse
-from ringtree.sim.spec import make_cluster
+from ringtree.sim.network.allreduce import allreduce_time
+from ringtree.sim.network.measured import allreduce_seconds
+from ringtree.sim.network.nccl_tests import parse
+from ringtree.sim.network.spec import make_cluster
 
 DATA = Path(__file__).parent / "data" / "nccl-tests"
 LOGS = {2: "a100-1x2-bump.log", 4: "a100-1x4-bump.log", 8: "a100-1x8-galvatron.log"}

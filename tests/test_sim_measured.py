@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from ringtree.cli import app
 from ringtree.sim import Cluster, Link, estimate, make_cluster
-from ringtree.sim.calibrate import fit, without_gamma
-from ringtree.sim.explain import explain
-from ringtree.sim.measured import nondecreasing
-from ringtree.sim.plan import StepConfig, predict_step
+from ringtree.sim.network.calibrate import fit, without_gamma
+from ringtree.sim.network.measured import nondecreasing
+from ringtree.sim.training.explain import explain
+from ringtree.sim.training.plan import StepConfig, predict_step
 
 runner = CliRunner()
 NET = Link("net", 200e-6, 12.5e6)  # 100 Mbit/s

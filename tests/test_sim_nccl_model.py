@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ringtree.sim import allreduce_time, make_cluster
-from ringtree.sim import nccl_model as m
-from ringtree.sim.nccl_system import Corrections, NcclTuning
+from ringtree.sim.network import nccl_model as m
+from ringtree.sim.network.nccl_system import Corrections, NcclTuning
 
 DGX_A100 = m.system_from_links("ampere", "nvlink", 300e9, 8 * 25e9)  # nvlink-a100, 8 x ib-hdr
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ringtree.sim.nccl_tests import NcclTestsError, looks_like_nccl_tests, parse, parse_text
+from ringtree.sim.network.nccl_tests import NcclTestsError, looks_like_nccl_tests, parse, parse_text
 
 DATA = Path(__file__).parent / "data" / "nccl-tests"
 A100_4X8 = (DATA / "a100-4x8.log").read_text()

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from ringtree.sim import Cluster, Link, make_cluster
-from ringtree.sim.plan import StepConfig, predict_step, recommend, speedup_vs_one_node
+from ringtree.sim.training.plan import StepConfig, predict_step, recommend, speedup_vs_one_node
 
 VIT_BASE = StepConfig(86_000_000, 0.4, "fp16")
 REFERENCE = make_cluster(3, 8, "pcie-gen3", "eth-10g")

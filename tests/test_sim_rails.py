@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from ringtree.sim.closed_form import estimate, rails
-from ringtree.sim.clusters import get
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.plan import tp_group
+from ringtree.sim.network.closed_form import estimate, rails
+from ringtree.sim.network.clusters import get
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.training.plan import tp_group
 
 NVLINK = Link("nvlink", 0.0, 450e9)
 NIC = Link("nic", 0.0, 50e9)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ringtree.sim.closed_form import estimate
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.presets import LINKS
-from ringtree.sim.tensor_parallel import TPShape, spread_cluster, tp_cluster, tp_comm_time
+from ringtree.sim.network.closed_form import estimate
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.network.presets import LINKS
+from ringtree.sim.training.tensor_parallel import TPShape, spread_cluster, tp_cluster, tp_comm_time
 
 SHAPE = TPShape(layers=96, hidden=12288, seq=2048, batch_size=1, dtype_bytes=2)
 CLUSTER = Cluster(8, 8, LINKS["nvlink-h100"], LINKS["eth-100g"])

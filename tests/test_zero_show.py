@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from ringtree.cli import app
 from ringtree.show.zero import SHARD, WHOLE, cell, ddp_units, zero_steps
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.plan import StepConfig, predict_step
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.training.plan import StepConfig, predict_step
 
 
 def test_zero3_gathers_each_layer_for_its_forward_and_backward_only() -> None:

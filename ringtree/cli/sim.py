@@ -103,7 +103,7 @@ def _estimator(collective: str) -> Any:
 
         return allreduce_time
     if collective == "all-to-all":
-        from ringtree.sim.alltoall import alltoall_time
+        from ringtree.sim.network.alltoall import alltoall_time
 
         return alltoall_time
     raise ValueError(f"unknown --collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
@@ -112,10 +112,10 @@ def _estimator(collective: str) -> Any:
 def _algorithms(collective: str, algorithm: str | None) -> list[str]:
     """The --algorithm names (checked), 'all' of the collective's, or its default."""
     if collective == "all-to-all":
-        from ringtree.sim.alltoall import ALGORITHMS, check_algorithm
+        from ringtree.sim.network.alltoall import ALGORITHMS, check_algorithm
     else:
         from ringtree.sim import ALGORITHMS
-        from ringtree.sim.closed_form import check_algorithm
+        from ringtree.sim.network.closed_form import check_algorithm
     if algorithm is None:
         return ["ring" if collective == "all-reduce" else "native"]
     names = list(ALGORITHMS) if algorithm == "all" else [a.strip() for a in algorithm.split(",")]
@@ -205,7 +205,7 @@ def _print_rows(rows: list[dict[str, Any]], cluster: Any, collective: str = "all
 
 def _print_crossovers(cluster: Any, node_counts: list[int]) -> None:
     """Where NCCL's pick of algorithm/protocol changes, from 8 B to 8 GiB, per node count."""
-    from ringtree.sim import nccl_model
+    from ringtree.sim.network import nccl_model
 
     tuning = nccl_model.tuning_for(cluster)
     if tuning is None or cluster.ranks < 2:
@@ -249,10 +249,10 @@ def calibrate(
     rows come from several nodes); nccl-tests logs fit corrections to NCCL's own cost model
     (alltoall_perf logs: to its all-to-all, grouped point-to-point).
     """
-    from ringtree.sim import calibrate as cal
-    from ringtree.sim import nccl_fit
-    from ringtree.sim.hardware import parse_link
-    from ringtree.sim.presets import INTER
+    from ringtree.sim.network import calibrate as cal
+    from ringtree.sim.network import nccl_fit
+    from ringtree.sim.network.hardware import parse_link
+    from ringtree.sim.network.presets import INTER
 
     try:
         if nics_per_node is not None and nics_per_node < 1:
@@ -303,8 +303,8 @@ def _with_alltoall(
     residuals as the section's own."""
     from dataclasses import asdict
 
-    from ringtree.sim import nccl_fit
-    from ringtree.sim.nccl_system import Corrections, NcclSystem
+    from ringtree.sim.network import nccl_fit
+    from ringtree.sim.network.nccl_system import Corrections, NcclSystem
 
     if nccl is not None:
         return {**nccl, "alltoall": nccl_fit.fit_alltoall(rows, NcclSystem(**nccl["system"]))}
@@ -333,8 +333,8 @@ def _calibration_target(out: Path | None, inputs: list[Path]) -> Path:
 
 def _from_nccl(nccl: Any) -> Any:
     """The one-level Calibration fields of an nccl-tests-only fit: its corrected intra-node link."""
-    from ringtree.sim.calibrate import Calibration, LevelFit
-    from ringtree.sim.nccl_model import HW_LAT
+    from ringtree.sim.network.calibrate import Calibration, LevelFit
+    from ringtree.sim.network.nccl_model import HW_LAT
 
     c, intra = nccl["corrections"], nccl["intra"]
     levels = {k: LevelFit(**v) for k, v in nccl["levels"].items()}
@@ -353,7 +353,7 @@ def _from_nccl(nccl: Any) -> Any:
 def _print_bench_fit(fitted: Any, rows: list[dict[str, Any]], out: Path) -> None:
     import numpy as np
 
-    from ringtree.sim.calibrate import model_time
+    from ringtree.sim.network.calibrate import model_time
 
     values = [fitted.alpha_s, fitted.beta_s_per_byte]
     if fitted.inter_alpha_s is not None:

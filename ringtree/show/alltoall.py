@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ringtree.schedules import OpKind, Request, Schedule, build
 from ringtree.schedules.verify import dry_run
-from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.network.hardware import Cluster, Link
 from ringtree.topology import Topology
 
 # `ringtree show NAME` for all-to-all: the schedule algorithm each name shows

@@ -1,7 +1,7 @@
 """The alpha-beta cost of a walked schedule, with the numbers filled in, and the simulator's time for it.
 
 Every step costs its slowest message, alpha + bytes x beta (bytes counted on the busiest port, as
-`ringtree.sim.flows` counts them), so a schedule of S steps costs S alpha + B beta, B the sum over
+`ringtree.sim.network.flows` counts them), so a schedule of S steps costs S alpha + B beta, B the sum over
 steps of the slowest message's bytes. With ranks on several nodes each step is charged to the
 link its slowest message uses. The simulator's event replay adds link sharing in time and the
 reduction cost gamma.
@@ -16,12 +16,12 @@ import numpy as np
 
 from ringtree.schedules import OpKind
 from ringtree.show.steps import Walkthrough
-from ringtree.sim.allreduce import AUTO_REPLAY_MAX_RANKS
-from ringtree.sim.closed_form import estimate
-from ringtree.sim.flows import FlowGroup, StepFlows
-from ringtree.sim.hardware import Cluster, Link, parse_link
-from ringtree.sim.presets import LINKS
-from ringtree.sim.replay import Replay
+from ringtree.sim.network.allreduce import AUTO_REPLAY_MAX_RANKS
+from ringtree.sim.network.closed_form import estimate
+from ringtree.sim.network.flows import FlowGroup, StepFlows
+from ringtree.sim.network.hardware import Cluster, Link, parse_link
+from ringtree.sim.network.presets import LINKS
+from ringtree.sim.network.replay import Replay
 
 # Textbook totals (Thakur, Rabenseifner and Gropp 2005; NCCL's trees), n the buffer bytes,
 # k the pipeline chunks, H a tree's height, L ranks per node, N nodes.

@@ -1,7 +1,7 @@
 """A pipeline schedule on a clock: what each stage does in every time slot, its bubble and its memory.
 
 p stages, m micro-batches, j stage, i micro-batch, k a time slot. A forward takes one slot and a
-backward two (the usual 1:2 ratio, as `ringtree.sim.plan.predict_pipeline` assumes); transfers
+backward two (the usual 1:2 ratio, as `ringtree.sim.training.plan.predict_pipeline` assumes); transfers
 are free. The slots come from the simulator's replay of the schedule, so what is drawn is what
 `ringtree sim` and the runtime play.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from ringtree.schedules.pipeline import SCHEDULES, Kind, PipelineSchedule, build, theoretical_bubble_fraction
 from ringtree.schedules.pipeline_verify import peak_in_flight, peak_versions, staleness
-from ringtree.sim.pipeline import PipelineReplay, StageCosts, replay_pipeline
+from ringtree.sim.training.pipeline import PipelineReplay, StageCosts, replay_pipeline
 
 FORWARD_SLOTS, BACKWARD_SLOTS = 1, 2
 PIPELINES = tuple(SCHEDULES)

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def predicted_step_time(summary: dict[str, Any], calibration: Path | None) -> float | None:
-    """ringtree.sim.plan's step time for this run's setup on the calibrated machine, else None.
+    """ringtree.sim.training.plan's step time for this run's setup on the calibrated machine, else None.
 
     The compute time fed to the planner is the measured one (step time minus exposed
     communication), so the prediction tests the planner's communication model and overlap.
@@ -15,9 +15,9 @@ def predicted_step_time(summary: dict[str, Any], calibration: Path | None) -> fl
     if calibration is None:
         return None
     try:
-        from ringtree.sim.closed_form import ALGORITHMS
-        from ringtree.sim.plan import StepConfig, predict_step
-        from ringtree.sim.spec import make_cluster
+        from ringtree.sim.network.closed_form import ALGORITHMS
+        from ringtree.sim.network.spec import make_cluster
+        from ringtree.sim.training.plan import StepConfig, predict_step
     except ImportError:  # a build without the simulator
         return None
     if summary["algorithm"] not in ALGORITHMS or summary["mode"] != "ddp" or summary.get("pp", 1) > 1:

@@ -60,7 +60,7 @@ class ClusterOptions:
 
     def cluster(self) -> Any:
         from ringtree.sim import make_cluster
-        from ringtree.sim.clusters import preset_cluster
+        from ringtree.sim.network.clusters import preset_cluster
 
         if self.name is None:
             return make_cluster(
@@ -79,7 +79,7 @@ class ClusterOptions:
         return dataclasses.replace(c, nics_per_node=self.nics_per_node) if self.nics_per_node else c
 
     def gpu(self) -> Any:
-        from ringtree.sim.clusters import get
+        from ringtree.sim.network.clusters import get
 
         if self.name is None:
             raise ValueError(

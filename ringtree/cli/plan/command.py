@@ -89,8 +89,8 @@ def plan(
 ) -> None:
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
-    from ringtree.sim.plan import MODELS
-    from ringtree.sim.transformer import MODELS as TRANSFORMERS
+    from ringtree.sim.training.plan import MODELS
+    from ringtree.sim.training.transformer import MODELS as TRANSFORMERS
 
     check_output(json_path, "--json")
     check_output(plot, "--plot")

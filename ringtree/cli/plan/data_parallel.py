@@ -69,7 +69,7 @@ def run(
 ) -> None:
     """The data-parallel plan of one model on the cluster, with --pp's and --tp's steps beside it."""
     from ringtree.sim import ALGORITHMS
-    from ringtree.sim.plan import StepConfig
+    from ringtree.sim.training.plan import StepConfig
 
     try:
         count = _param_count(model, params, module)
@@ -101,7 +101,7 @@ def run(
 def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
     """Every algorithm's prediction, the chosen one's headline numbers, and the recommendation."""
     from ringtree.sim import ALGORITHMS
-    from ringtree.sim.plan import predict_step, recommend, speedup_vs_one_node
+    from ringtree.sim.training.plan import predict_step, recommend, speedup_vs_one_node
 
     best, reason = recommend(config, cluster)
     chosen = best if algorithm == "auto" else algorithm
@@ -128,7 +128,7 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
 def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, activation_mb: float) -> Any:
     """The pipeline step replayed over the intra-node link (the inter-node one when pp spans nodes)."""
     from ringtree.schedules.pipeline import check_pipeline
-    from ringtree.sim.plan import predict_pipeline
+    from ringtree.sim.training.plan import predict_pipeline
 
     try:
         check_pipeline(pp, m, schedule, "params")
@@ -148,8 +148,8 @@ def _tensor_parallel(
     config: Any, cluster: Any, tp: int, model: str | None, shape: str | None, algorithm: str
 ) -> dict[str, Any]:
     """The DP x TP step with the TP group inside a node (as the Mesh places it) and spread across nodes."""
-    from ringtree.sim.plan import DTYPE_BYTES
-    from ringtree.sim.tensor_parallel import SHAPES, TPShape, predict_tp_step
+    from ringtree.sim.training.plan import DTYPE_BYTES
+    from ringtree.sim.training.tensor_parallel import SHAPES, TPShape, predict_tp_step
 
     try:
         dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
@@ -180,7 +180,7 @@ def _tensor_parallel(
 
 def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:
     """The table of algorithms, the bottleneck (in the JSON under `explain`) and the recommendation."""
-    from ringtree.sim.plan import bottleneck
+    from ringtree.sim.training.plan import bottleneck
 
     level, share = bottleneck(config, cluster, result["algorithm"])
     print_table(
@@ -205,7 +205,7 @@ def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:
 
 def _param_count(model: str | None, params: str | None, module: str | None) -> int:
     """Exactly one of a preset, a number, or a module to count."""
-    from ringtree.sim.plan import MODELS
+    from ringtree.sim.training.plan import MODELS
 
     given = [x for x in (model, params, module) if x is not None]
     if len(given) != 1:
@@ -249,7 +249,7 @@ def parse_count(text: str) -> int:
 def explain_plan(result: dict[str, Any], config: Any, cluster: Any, calibration: Path | None) -> None:
     """Why: the bound per link level, the bottleneck, the network for 90% efficiency, an error bar;
     with the seed's own arithmetic beside the plan's."""
-    from ringtree.sim.explain import explain, seed_derivation
+    from ringtree.sim.training.explain import explain, seed_derivation
 
     why = explain(config, cluster, result["algorithm"], calibration)
     # The seed's arithmetic is a flat ring through one NIC per node: shown where the plan is that.
@@ -264,7 +264,7 @@ def explain_plan(result: dict[str, Any], config: Any, cluster: Any, calibration:
 def plot_speedup(config: Any, cluster: Any, algorithms: list[str], path: Path, title: str) -> None:
     """PNG of the predicted speedup from 1 to the cluster's nodes, one curve per algorithm."""
     from ringtree.plots import plot_scaling
-    from ringtree.sim.plan import speedup_vs_one_node
+    from ringtree.sim.training.plan import speedup_vs_one_node
 
     nodes = cluster.nodes
     counts = [1 << i for i in range(nodes.bit_length()) if 1 << i < nodes] + [nodes]

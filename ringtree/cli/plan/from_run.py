@@ -20,7 +20,7 @@ def run(
 ) -> None:
     """A finished one-node run's measured compute time, scaled to --nodes x --gpus-per-node."""
     from ringtree import files
-    from ringtree.sim.plan import StepConfig, predict_step, with_run_wait
+    from ringtree.sim.training.plan import StepConfig, predict_step, with_run_wait
 
     try:
         summary = files.read_json(path, "--from-run")

@@ -147,7 +147,7 @@ def gpu_count(gpus: int, nodes: int, gpus_per_node: int | None, cluster: str | N
     """(nodes, GPUs per node) for --gpus: whole nodes of the cluster's size, or under one node (or a
     rack whose GPUs the count does not fill: 64 of an NVL72's 72) the largest divisor of the count
     that fits in one."""
-    from ringtree.sim.clusters import CLUSTERS
+    from ringtree.sim.network.clusters import CLUSTERS
 
     if nodes != 1:
         raise typer.BadParameter(f"--gpus {gpus} and --nodes {nodes} both size the cluster: pass one of them")

@@ -168,11 +168,11 @@ def run(
     plot: Path | None = None,
 ) -> None:
     """The transformer model: one layout, or --search over all that fit."""
-    from ringtree.sim.layout import CP_COMMS, Training
-    from ringtree.sim.predictor import default_algorithm, plan
-    from ringtree.sim.search import search as search_layouts
-    from ringtree.sim.search import why
-    from ringtree.sim.transformer import RECOMPUTE, SEARCHED
+    from ringtree.sim.training.layout import CP_COMMS, Training
+    from ringtree.sim.training.predictor import default_algorithm, plan
+    from ringtree.sim.training.search import search as search_layouts
+    from ringtree.sim.training.search import why
+    from ringtree.sim.training.transformer import RECOMPUTE, SEARCHED
 
     try:
         unused = [k for k, v in legacy.items() if v is not None]
@@ -241,7 +241,7 @@ def run(
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:
     """A preset's shape with any of the named dimensions replacing its part."""
-    from ringtree.sim.transformer import MODELS, Transformer, with_dims
+    from ringtree.sim.training.transformer import MODELS, Transformer, with_dims
 
     base = MODELS.get(model or "")
     if base is None and model not in (None, "transformer"):

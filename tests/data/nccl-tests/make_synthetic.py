@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ringtree.sim import nccl_model
-from ringtree.sim.nccl_system import Corrections, NcclTuning
-from ringtree.sim.presets import INTER, INTRA
+from ringtree.sim.network import nccl_model
+from ringtree.sim.network.nccl_system import Corrections, NcclTuning
+from ringtree.sim.network.presets import INTER, INTRA
 
 HERE = Path(__file__).parent
 TRUTH = NcclTuning(

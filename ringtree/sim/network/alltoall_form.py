@@ -1,4 +1,4 @@
-"""Closed-form all-to-all times: each algorithm's flows per step, costed by `ringtree.sim.flows`.
+"""Closed-form all-to-all times: each algorithm's flows per step, costed by `ringtree.sim.network.flows`.
 
 Every generator here mirrors one all-to-all schedule of `ringtree.schedules.alltoall` step for
 step, with a step's blocks to one peer taken as one message (as the executor packs them), and
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ringtree.sim.flows import AllToAll, Chain, FlowGroup, Group
-from ringtree.sim.hardware import Cluster
+from ringtree.sim.network.flows import AllToAll, Chain, FlowGroup, Group
+from ringtree.sim.network.hardware import Cluster
 
 # p ranks, L ranks per node, N nodes, b bytes per block (one rank's buffer over p).
 

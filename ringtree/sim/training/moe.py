@@ -25,10 +25,10 @@ the host has launched the next kernel; the backward reuses the forward's counts.
 
 from __future__ import annotations
 
-from ringtree.sim import compute, fp8
-from ringtree.sim.clusters import GPU
-from ringtree.sim.layout import Training
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.training import compute, fp8
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.transformer import Transformer
 
 ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
 # the host's work between the wait for the token counts and the next kernel reaching the GPU, in eager

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ringtree.sim.hardware import Cluster
+from ringtree.sim.network.hardware import Cluster
 
 Ranks = npt.NDArray[np.int64]
 # Along paths, at most this many crowded resources per step are shared event by event (exact, in

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.nccl_system import GENERATIONS as GENERATIONS  # re-exported: callers of the model
-from ringtree.sim.nccl_system import Corrections as Corrections
-from ringtree.sim.nccl_system import NcclSystem as NcclSystem
-from ringtree.sim.nccl_system import NcclTuning as NcclTuning
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.network.nccl_system import GENERATIONS as GENERATIONS  # re-exported: callers of the model
+from ringtree.sim.network.nccl_system import Corrections as Corrections
+from ringtree.sim.network.nccl_system import NcclSystem as NcclSystem
+from ringtree.sim.network.nccl_system import NcclTuning as NcclTuning
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ringtree.sim.nccl_system import NcclTuning
+from ringtree.sim.network.nccl_system import NcclTuning
 from ringtree.topology import LinkLevel, Topology
 
 
@@ -45,7 +45,8 @@ class Link:
 
 class MeasuredRows(Protocol):
     """A calibration's measured all-reduce times as the planner reads them; implemented by
-    `ringtree.sim.measured.MeasuredTimes` (declared here so that the hardware model imports no model)."""
+    `ringtree.sim.network.measured.MeasuredTimes` (declared here so that the hardware model imports no
+    model)."""
 
     def seconds(self, algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float: ...
 
@@ -68,10 +69,10 @@ class Cluster:
     inter: Link
     gamma: float = 5e-12  # a GPU sums about 200 GB/s of fp32 (reads two, writes one operand)
     nics_per_node: int = 1
-    # NCCL's view of a GPU cluster with calibrated corrections (ringtree.sim.nccl_model); None:
+    # NCCL's view of a GPU cluster with calibrated corrections (ringtree.sim.network.nccl_model); None:
     # derived from the link presets when the cluster is a GPU one.
     nccl: NcclTuning | None = None
-    # A calibration's measured all-reduce rows (ringtree.sim.measured): the planner reads its
+    # A calibration's measured all-reduce rows (ringtree.sim.network.measured): the planner reads its
     # all-reduce times off them at the planned size. None: the closed form on the links.
     measured: MeasuredRows | None = dataclasses.field(default=None, compare=False, repr=False)
 

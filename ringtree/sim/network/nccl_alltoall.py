@@ -29,10 +29,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ringtree.sim.curve import Curve
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.nccl_model import BASE_LAT, HW_LAT
-from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
+from ringtree.sim.network.curve import Curve
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.network.nccl_model import BASE_LAT, HW_LAT
+from ringtree.sim.network.nccl_system import Corrections, NcclSystem, NcclTuning
 
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD: bytes per peer up to which p2p runs LL
 MAX_P2P_PEERS = 16  # peers in flight at once: NCCL's 32 p2p channels, 2 per peer

@@ -22,8 +22,8 @@ scaled MX format, 32-element blocks in hardware: Blackwell only).
 
 from __future__ import annotations
 
-from ringtree.sim import compute
-from ringtree.sim.clusters import GPU
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.training import compute
 
 RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
 # large FP8 matmuls' rate over the FP8 peak, as a share of what BF16 ones reach of the BF16 peak

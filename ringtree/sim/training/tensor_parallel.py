@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ringtree.sim.closed_form import estimate
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.plan import Layout, StepConfig, StepPrediction, dp_group, predict, tp_group
+from ringtree.sim.network.closed_form import estimate
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.training.plan import Layout, StepConfig, StepPrediction, dp_group, predict, tp_group
 
 ALL_REDUCES_PER_BLOCK = 4  # 2 forward (g after attention and MLP) + 2 backward (f before them)
 

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from ringtree import files
-from ringtree.sim import nccl_tests
-from ringtree.sim.closed_form import check_algorithm, estimate
-from ringtree.sim.hardware import Cluster, Link
+from ringtree.sim.network import nccl_tests
+from ringtree.sim.network.closed_form import check_algorithm, estimate
+from ringtree.sim.network.hardware import Cluster, Link
 
 _HUGE = 1e30  # bandwidth that makes the beta term vanish
 _STEP = (1e-6, 1e-11, 1e-6, 1e-11, 1e-12)  # finite-difference scale of each parameter
@@ -141,7 +141,8 @@ def fit(rows: list[dict[str, Any]]) -> Calibration:
 
     Besides the fit over all rows, each algorithm with rows of its own gets its own fit
     (`algorithms`), and the rows themselves are kept (`measured`, one per algorithm, node shape
-    and size) so that a plan can read a time off them at its own message size (`ringtree.sim.measured`).
+    and size) so that a plan can read a time off them at its own message size
+    (`ringtree.sim.network.measured`).
     """
     used = [r for r in rows if r.get("collective") == "all_reduce" and r["bytes"] > 0 and r["time_us"] > 0]
     if not used:

@@ -1,22 +1,30 @@
 """One prediction from a model spec, a parallel layout and a cluster: the transformer planner.
 
-`work` turns the model (ringtree.sim.transformer) and the layout (ringtree.sim.layout) into what one
-GPU does per micro-batch, timed by the compute model (ringtree.sim.compute); `plan` prices it on the
-cluster with the planner's one predictor (ringtree.sim.plan.predict) and adds per-stage memory
-(ringtree.sim.memory). Indices: l layers, h hidden, s sequence, b micro-batch, t TP, c CP, p PP.
+`work` turns the model (ringtree.sim.training.transformer) and the layout
+(ringtree.sim.training.layout) into what one GPU does per micro-batch, timed by the compute model
+(ringtree.sim.training.compute); `plan` prices it on the cluster with the planner's one predictor
+(ringtree.sim.training.plan.predict) and adds per-stage memory (ringtree.sim.training.memory).
+Indices: l layers, h hidden, s sequence, b micro-batch, t TP, c CP, p PP.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ringtree.sim import compute, eager, fp8, moe, nccl_model
-from ringtree.sim.clusters import GPU
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.layout import Training, check
-from ringtree.sim.memory import activation_bytes_per_layer, expert_shards, memory, stage_layers, states_bytes
-from ringtree.sim.plan import StepPrediction, StepWork, predict
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network import nccl_model
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.training import compute, eager, fp8, moe
+from ringtree.sim.training.layout import Training, check
+from ringtree.sim.training.memory import (
+    activation_bytes_per_layer,
+    expert_shards,
+    memory,
+    stage_layers,
+    states_bytes,
+)
+from ringtree.sim.training.plan import StepPrediction, StepWork, predict
+from ringtree.sim.training.transformer import Transformer
 
 ITEMSIZE = 2  # 16-bit weights, activations and their collectives (gradients: the run's grad_itemsize)
 
@@ -30,7 +38,7 @@ def default_algorithm(cluster: Cluster) -> str:
 def linears_s(model: Transformer, run: Training, gpu: GPU, moe_layer: bool = False) -> tuple[float, float]:
     """A layer's matmuls on one TP rank, forward and backward: the attention's (split over TP by
     columns or rows, or replicated: `Transformer.attention_matmuls`) and the MLP's, or under an MoE
-    layer the router's and the experts' (ringtree.sim.moe); FP8 where the run's recipe pays."""
+    layer the router's and the experts' (ringtree.sim.training.moe); FP8 where the run's recipe pays."""
     tokens, t = run.micro_batch * model.seq // run.cp, run.tp
     forward, backward = _attention_linears(model, run, gpu)
     if moe_layer:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ringtree.schedules.pipeline import Action, Kind, PipelineSchedule
-from ringtree.sim.hardware import Link
+from ringtree.sim.network.hardware import Link
 
 
 @dataclass(frozen=True)

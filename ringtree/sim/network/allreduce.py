@@ -3,17 +3,17 @@
 `native` on a GPU cluster is NCCL: it is priced by NCCL's own cost model (`nccl_model`), which
 also says which algorithm and protocol NCCL runs. Elsewhere `native` is torch's gloo ring. Where a
 calibration measured the algorithm at the cluster's node shape, `auto` reads the time off those
-rows (`ringtree.sim.measured`: log-log between sizes, the model beyond them) and says "measured".
+rows (`ringtree.sim.network.measured`: log-log between sizes, the model beyond them) and says "measured".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree.sim import nccl_model
-from ringtree.sim.closed_form import check_algorithm, estimate
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.replay import replay_all_reduce
+from ringtree.sim.network import nccl_model
+from ringtree.sim.network.closed_form import check_algorithm, estimate
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.network.replay import replay_all_reduce
 
 METHODS = ("closed-form", "replay", "auto")
 # `auto` replays up to this many ranks (a few seconds at most) and uses the closed form beyond.

@@ -7,7 +7,7 @@ with measured values.
 
 from __future__ import annotations
 
-from ringtree.sim.hardware import Link
+from ringtree.sim.network.hardware import Link
 
 GB = 1e9
 GBIT = 1e9 / 8

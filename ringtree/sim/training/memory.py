@@ -33,10 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringtree.sim import fp8, moe
-from ringtree.sim.clusters import GPU
-from ringtree.sim.layout import Training
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.training import fp8, moe
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.transformer import Transformer
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12  # GRAD_BYTES: ZeRO-3's (see above); else the run's
 GiB = 1 << 30
@@ -46,7 +46,7 @@ def activation_bytes_per_layer(
     model: Transformer, run: Training, recompute: str | None = None, moe_layer: bool = False
 ) -> float:
     """One layer's stored activations for one micro-batch on one rank (an MoE layer's MLP part:
-    `ringtree.sim.moe.activation_bytes`)."""
+    `ringtree.sim.training.moe.activation_bytes`)."""
     t, c = run.tp, run.cp
     sbh = model.seq // c * run.micro_batch * model.hidden
     shared = sbh / t if run.sequence_parallel else float(sbh)

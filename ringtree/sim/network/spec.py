@@ -6,11 +6,11 @@ import dataclasses
 import warnings
 from pathlib import Path
 
-from ringtree.sim import calibrate, nccl_fit
-from ringtree.sim.hardware import Cluster, parse_link
-from ringtree.sim.measured import MeasuredTimes
-from ringtree.sim.nccl_model import system_from_links
-from ringtree.sim.presets import INTER, INTRA
+from ringtree.sim.network import calibrate, nccl_fit
+from ringtree.sim.network.hardware import Cluster, parse_link
+from ringtree.sim.network.measured import MeasuredTimes
+from ringtree.sim.network.nccl_model import system_from_links
+from ringtree.sim.network.presets import INTER, INTRA
 
 
 def make_cluster(

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ringtree.sim import nccl_alltoall, nccl_model
-from ringtree.sim.calibrate import LevelFit, level_fits, nonnegative_lstsq
-from ringtree.sim.hardware import Link
-from ringtree.sim.nccl_system import Corrections, NcclSystem, NcclTuning
-from ringtree.sim.presets import INTER, INTRA
+from ringtree.sim.network import nccl_alltoall, nccl_model
+from ringtree.sim.network.calibrate import LevelFit, level_fits, nonnegative_lstsq
+from ringtree.sim.network.hardware import Link
+from ringtree.sim.network.nccl_system import Corrections, NcclSystem, NcclTuning
+from ringtree.sim.network.presets import INTER, INTRA
 
 # Intra-node link by GPU generation (SXM parts: NVLink; PCIe parts: their PCIe generation).
 _NVLINK = {"volta": "nvlink-v100", "ampere": "nvlink-a100", "hopper": "nvlink-h100"}

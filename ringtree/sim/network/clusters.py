@@ -2,7 +2,7 @@
 
 Every figure is a vendor's public one (sources in docs/simulator.md, "Cluster presets"). Peak
 TFLOP/s are dense (no structured sparsity). Link bandwidths are per direction; a node with several
-NICs ("rails") has device j use NIC j mod nics, as `ringtree.sim.hardware` models it.
+NICs ("rails") has device j use NIC j mod nics, as `ringtree.sim.network.hardware` models it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.presets import GB, GBIT, INTER, INTRA
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.network.presets import GB, GBIT, INTER, INTRA
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def preset_cluster(
     inter: str | None = None,
 ) -> Cluster:
     """The preset's cluster of `nodes` nodes, with any part the command line names replaced."""
-    from ringtree.sim.hardware import parse_link
+    from ringtree.sim.network.hardware import parse_link
 
     preset = get(name)
     cluster = preset.cluster(nodes)

@@ -1,4 +1,4 @@
-"""Closed-form all-reduce times: each algorithm's flows per step, costed by `ringtree.sim.flows`.
+"""Closed-form all-reduce times: each algorithm's flows per step, costed by `ringtree.sim.network.flows`.
 
 Every generator here mirrors one schedule generator of `ringtree.schedules` step for step, but
 describes a whole phase by arrays of flows instead of enumerating ops, so it runs in
@@ -19,8 +19,8 @@ import numpy as np
 
 from ringtree.schedules.registry import MAX_PIPELINE_CHUNKS, PIPELINE_CHUNK_BYTES
 from ringtree.schedules.tree import Tree, double_trees, inorder_tree
-from ringtree.sim.flows import AllToAll, Chain, FlowGroup, Group, Ranks, step_cost, total_time
-from ringtree.sim.hardware import Cluster
+from ringtree.sim.network.flows import AllToAll, Chain, FlowGroup, Group, Ranks, step_cost, total_time
+from ringtree.sim.network.hardware import Cluster
 
 # p ranks, L ranks per node, N nodes; count elements of `itemsize` bytes; k pipeline chunks.
 

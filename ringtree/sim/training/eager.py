@@ -1,7 +1,7 @@
 """Eager PyTorch's elementwise kernels of one Llama layer, each its own pass through HBM.
 
 Under `torch.compile` (or hand-fused kernels: Megatron-LM, Transformer Engine, XLA) a layer's norms,
-activation, rotary embedding and residual adds run fused, priced by ringtree.sim.compute's
+activation, rotary embedding and residual adds run fused, priced by ringtree.sim.training.compute's
 `elementwise_s`. Run eagerly, every op is its own kernel that reads its inputs from HBM and writes
 its output back. The ops are counted from torchtitan's Llama (torchtitan/models/llama/model.py and
 torchtitan/models/norms.py at d4c86e37, the commit of its H100 eager rows):
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree.sim.clusters import GPU
-from ringtree.sim.compute import KERNEL_S
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.training.compute import KERNEL_S
+from ringtree.sim.training.transformer import Transformer
 
 ELEMENTWISE = ("fused", "eager")
 

@@ -2,11 +2,11 @@
 
 Every prediction goes through `predict(work, cluster, algorithm)` and comes back as one
 `StepPrediction`, whatever built the work (a typed compute time, a finished run, the transformer
-model of `ringtree.sim.transformer`). One step (one optimizer update), per device:
+model of `ringtree.sim.training.transformer`). One step (one optimizer update), per device:
   * m micro-batches, each a forward and a backward on every pipeline stage (one stage when pp = 1),
     the TP all-reduces of the stage on the critical path of each;
   * with pp > 1, the stages run the pipeline schedule (1F1B by default), replayed with the
-    stage-to-stage link (`ringtree.sim.pipeline`); the makespan less the work is the bubble;
+    stage-to-stage link (`ringtree.sim.training.pipeline`); the makespan less the work is the bubble;
   * the gradients of the device's 1/(tp pp) of the parameters, params x bytes of the gradient dtype,
     cut into fusion buckets of `bucket_mb` MiB, all-reduced one after another over the DP group;
   * without overlap the all-reduces follow the compute; with overlap bucket i may start once
@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
-from ringtree.sim.allreduce import allreduce_time as sim_allreduce_time
-from ringtree.sim.closed_form import ALGORITHMS, check_algorithm
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.measured import allreduce_seconds
-from ringtree.sim.pipeline import StageCosts, replay_pipeline
+from ringtree.sim.network.allreduce import allreduce_time as sim_allreduce_time
+from ringtree.sim.network.closed_form import ALGORITHMS, check_algorithm
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.network.measured import allreduce_seconds
+from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
 
 MODELS: dict[str, int] = {
     "vit-base": 86_000_000,
@@ -216,7 +216,7 @@ class StepWork:
     # of one parameter element as ZeRO's all-gathers move it (16-bit weights beside fp32 gradients);
     # 0: the gradients' itemsize
     param_itemsize: int = 0
-    # expert parallelism (ringtree.sim.moe): per micro-batch on this stage, `ep_forward` dispatch and
+    # expert parallelism (ringtree.sim.training.moe): per micro-batch on this stage, `ep_forward` dispatch and
     # combine exchanges in the forward and `ep_backward` in the backward, each of `ep_bytes` per rank
     # over the EP group of `ep` ranks `etp` apart (an all-to-all, or with `ep_dispatcher` "allgather"
     # an all-gather or reduce-scatter of that many output bytes); with ETP each also all-gathers or
@@ -230,7 +230,7 @@ class StepWork:
     etp_bytes: int = 0
     ep_dispatcher: str = "alltoall"
     ep_windows: tuple[float, ...] = ()
-    # the MoE layers' host synchronisations per micro-batch (ringtree.sim.moe.host_sync_s): the GPU
+    # the MoE layers' host synchronisations per micro-batch (ringtree.sim.training.moe.host_sync_s): the GPU
     # idle, nothing hides it
     ep_sync_s: float = 0.0
     # this device's expert gradients (its experts' share), reduced over the expert-data-parallel group
@@ -412,7 +412,7 @@ def _pipeline_s(
 ) -> float:
     """The pipeline's makespan for m micro-batches of (forward, backward) per stage.
 
-    1F1B and GPipe are replayed with the stage link (`ringtree.sim.pipeline`); `fast` bounds the
+    1F1B and GPipe are replayed with the stage link (`ringtree.sim.training.pipeline`); `fast` bounds the
     replay by m (f + b) of the slowest stage plus the fill of the others, and 2 messages per step,
     for the search. Interleaving V chunks per rank divides the ideal bubble (the other stages' f + b)
     by V and multiplies the stage messages' share by V (Narayanan 2021). Stages differ when the
@@ -566,7 +566,7 @@ def ep_group(cluster: Cluster, ep: int, etp: int) -> Cluster:
 
 def _ep_exchange(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[float, float]:
     """The expert-parallel exchanges of one micro-batch left exposed, forward and backward: the
-    all-to-alls priced by `ringtree.sim.alltoall` on the EP group (the allgather dispatcher's
+    all-to-alls priced by `ringtree.sim.network.alltoall` on the EP group (the allgather dispatcher's
     collectives as the other collectives are), the ETP gathers, less the compute that hides them."""
     if not (work.ep_forward or work.ep_backward):
         return 0.0, 0.0
@@ -599,7 +599,7 @@ def _ep_collectives(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[f
 
 @functools.lru_cache(maxsize=1024)
 def _alltoall_s(group: Cluster, nbytes: int) -> float:
-    from ringtree.sim.alltoall import alltoall_seconds
+    from ringtree.sim.network.alltoall import alltoall_seconds
 
     return alltoall_seconds(group, nbytes)
 

@@ -30,11 +30,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from ringtree.sim import nccl_fit, nccl_model
-from ringtree.sim.closed_form import check_algorithm, estimate
-from ringtree.sim.curve import Curve
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.nccl_system import NcclTuning
+from ringtree.sim.network import nccl_fit, nccl_model
+from ringtree.sim.network.closed_form import check_algorithm, estimate
+from ringtree.sim.network.curve import Curve
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.network.nccl_system import NcclTuning
 
 _HUGE = 1e30  # bandwidth of a link with no transfer cost
 

@@ -20,14 +20,14 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ringtree.sim import fp8
-from ringtree.sim.clusters import GPU
-from ringtree.sim.hardware import Cluster
-from ringtree.sim.layout import Training, check
-from ringtree.sim.memory import fits
-from ringtree.sim.plan import StepPrediction, predict
-from ringtree.sim.predictor import default_algorithm, plan, work
-from ringtree.sim.transformer import SEARCHED, Transformer
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.network.hardware import Cluster
+from ringtree.sim.training import fp8
+from ringtree.sim.training.layout import Training, check
+from ringtree.sim.training.memory import fits
+from ringtree.sim.training.plan import StepPrediction, predict
+from ringtree.sim.training.predictor import default_algorithm, plan, work
+from ringtree.sim.training.transformer import SEARCHED, Transformer
 
 REPLAYED = 30  # layouts re-priced with the replayed pipeline after the closed-form pass
 MICRO_BATCHES = (1, 2, 4, 8)

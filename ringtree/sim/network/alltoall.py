@@ -3,13 +3,13 @@
     alltoall_seconds(cluster, nbytes, algorithm="native") -> float
 
 Seconds for one all-to-all over the ranks of `cluster` (a `ringtree.sim.Cluster`: nodes x
-gpus_per_node ranks, as `ringtree.sim.plan.tp_group` / `dp_group` build a group), where `nbytes`
+gpus_per_node ranks, as `ringtree.sim.training.plan.tp_group` / `dp_group` build a group), where `nbytes`
 is the per-rank buffer, nccl-tests' size column: the bytes one rank sends to all ranks together,
 its own block included (so each peer gets nbytes / p). `algorithm`:
 
   * "native": torch's own `all_to_all_single`. On a GPU cluster (an NVLink or PCIe intra link, or
     an nccl-tests calibration) that is NCCL's grouped point-to-point sends and receives
-    (`ringtree.sim.nccl_alltoall`): inside a node, which may be a whole NVLink domain (72 GPUs of
+    (`ringtree.sim.network.nccl_alltoall`): inside a node, which may be a whole NVLink domain (72 GPUs of
     an NVL72 rack), over NVLink; across nodes over the NICs with PXN (rail-aligned, through
     NVLink first). Elsewhere (gloo) all sends and receives posted at once: `linear`.
   * "pairwise", "bruck", "linear", "hierarchical": ringtree's schedules, by their closed form.
@@ -22,10 +22,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ringtree.sim import nccl_alltoall, nccl_model
-from ringtree.sim.alltoall_form import ALGORITHMS, ALONG_PATHS, GROUPS, one_partner_s
-from ringtree.sim.flows import total_time
-from ringtree.sim.hardware import Cluster
+from ringtree.sim.network import nccl_alltoall, nccl_model
+from ringtree.sim.network.alltoall_form import ALGORITHMS, ALONG_PATHS, GROUPS, one_partner_s
+from ringtree.sim.network.flows import total_time
+from ringtree.sim.network.hardware import Cluster
 
 METHODS = ("closed-form", "replay", "auto")
 # `auto` replays up to this many ranks and uses the closed form beyond (a schedule has p^2 blocks)
@@ -73,7 +73,7 @@ def estimate(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -
 
 def replay(algorithm: str, cluster: Cluster, nbytes: int, itemsize: int = 4) -> float:
     """Seconds of one all-to-all: build the executor's schedule and replay it on the cluster."""
-    from ringtree.sim.replay import replay_schedule
+    from ringtree.sim.network.replay import replay_schedule
 
     if nbytes < 0:
         raise ValueError(f"bytes must be >= 0, got {nbytes}")

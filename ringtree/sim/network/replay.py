@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ringtree.schedules import OpKind, Request, Schedule, build
-from ringtree.sim.hardware import Cluster
+from ringtree.sim.network.hardware import Cluster
 
 _ACTIVATE, _FINISH = 0, 1
 _SEND, _RECV_REDUCE = int(OpKind.SEND), int(OpKind.RECV_REDUCE)

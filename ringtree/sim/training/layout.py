@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringtree.sim.eager import ELEMENTWISE
-from ringtree.sim.fp8 import RECIPES
-from ringtree.sim.plan import Layout
-from ringtree.sim.transformer import RECOMPUTE, Transformer
+from ringtree.sim.training.eager import ELEMENTWISE
+from ringtree.sim.training.fp8 import RECIPES
+from ringtree.sim.training.plan import Layout
+from ringtree.sim.training.transformer import RECOMPUTE, Transformer
 
 ATTENTION_KERNELS = ("fused", "flash2")
 DISPATCHERS = ("alltoall", "allgather", "flex")  # Megatron-Core's --moe-token-dispatcher-type
@@ -57,7 +57,7 @@ class Training:
     attention_kernel: str = "fused"
     # elementwise work (norms, activation, rotary, residual adds): "fused", as torch.compile and
     # hand-fused kernels run it (Megatron-LM, NeMo, MaxText); "eager", one kernel per PyTorch op
-    # through HBM, as torchtitan runs without torch.compile (ringtree.sim.eager)
+    # through HBM, as torchtitan runs without torch.compile (ringtree.sim.training.eager)
     elementwise: str = "fused"
     # gradient accumulation and data-parallel reduction: fp32, bf16 or fp16; None: fp32 under bf16,
     # fp16 under fp16 (the module's docstring says whose defaults these are)
@@ -71,7 +71,7 @@ class Training:
     # with recompute "full": the layers of each model chunk that recompute, the rest keep their
     # activations (Megatron's --recompute-method block --recompute-num-layers); 0: all of them
     recompute_layers: int = 0
-    # expert parallelism (ringtree.sim.moe): EP ranks share an MoE layer's experts, each expert's
+    # expert parallelism (ringtree.sim.training.moe): EP ranks share an MoE layer's experts, each expert's
     # matrices split over ETP ranks; the expert mesh ETP x EP x expert-DP folds over TP x CP x DP
     ep: int = 1
     etp: int = 1
@@ -81,7 +81,7 @@ class Training:
     # the dispatch and combine all-to-alls run behind another micro-batch's compute (Megatron-Core's
     # --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe); False: on the critical path
     moe_overlap: bool = False
-    # --dtype fp8: how the linear layers' matmuls scale their FP8 operands (ringtree.sim.fp8)
+    # --dtype fp8: how the linear layers' matmuls scale their FP8 operands (ringtree.sim.training.fp8)
     fp8_recipe: str = "delayed"
 
     def __post_init__(self) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ringtree import files
-from ringtree.sim.hardware import Cluster, Link
-from ringtree.sim.measured import allreduce_seconds
-from ringtree.sim.plan import StepConfig, bottleneck, predict_step, speedup_vs_one_node
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.network.measured import allreduce_seconds
+from ringtree.sim.training.plan import StepConfig, bottleneck, predict_step, speedup_vs_one_node
 
 TARGET_EFFICIENCY = 0.9
 

@@ -20,8 +20,8 @@ Shapes per TP rank with t TP, c CP (each rank holds s / c of the sequence), b mi
 
 from __future__ import annotations
 
-from ringtree.sim.clusters import GPU
-from ringtree.sim.transformer import Transformer
+from ringtree.sim.network.clusters import GPU
+from ringtree.sim.training.transformer import Transformer
 
 # large fp16 GEMMs on an A100 reach about 225 of 312 TFLOP/s in cuBLAS: 0.72 of the peak, 0.838 of
 # the A100's MAMF (267.9); other GPUs reach the same share of their own MAMF
@@ -61,7 +61,7 @@ def shape_efficiency(m: int, n: int, gpu: GPU) -> float:
 
 def gemm_s(m: int, n: int, k: int, gpu: GPU, dtype: str, itemsize: int = 2, efficiency: float = 1.0) -> float:
     """One m x k by k x n matmul on the roofline (FLOPs at the shape's efficiency, or bytes) + a kernel;
-    `efficiency` scales the rate (FP8's kernels, ringtree.sim.fp8)."""
+    `efficiency` scales the rate (FP8's kernels, ringtree.sim.training.fp8)."""
     if min(m, n, k) < 1:
         return 0.0
     rate = gpu.peak(dtype) * gpu.matmul_share * GEMM_EFFICIENCY * shape_efficiency(m, n, gpu) * efficiency

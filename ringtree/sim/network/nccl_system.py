@@ -1,7 +1,7 @@
 """What NCCL's topology search finds on a cluster, and the corrections a calibration fits to it.
 
-Data only: the cost model that reads it is `ringtree.sim.nccl_model`. It sits below the hardware
-model (`ringtree.sim.hardware`), whose `Cluster` may carry a calibrated `NcclTuning`.
+Data only: the cost model that reads it is `ringtree.sim.network.nccl_model`. It sits below the hardware
+model (`ringtree.sim.network.hardware`), whose `Cluster` may carry a calibrated `NcclTuning`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class NcclTuning:
 
     system: NcclSystem
     corrections: Corrections = field(default_factory=Corrections)
-    # the same four factors for all-to-all (`ringtree.sim.nccl_alltoall`), fitted to alltoall_perf logs
+    # the same four factors for all-to-all (`ringtree.sim.network.nccl_alltoall`), fitted to
+    # alltoall_perf logs
     alltoall: Corrections = field(default_factory=Corrections)
     # the logs' all-to-all times, (nodes, ranks per node, bytes, seconds): read off at their shape
     alltoall_rows: tuple[tuple[int, int, int, float], ...] = ()
