@@ -59,3 +59,17 @@ def test_no_circle_through_hardware_measured_or_nccl_model() -> None:
 def test_the_network_model_imports_nothing_of_the_training_planner() -> None:
     for module in NETWORK:
         assert not imports(module) & TRAINING, f"network.{module} imports {imports(module) & TRAINING}"
+
+
+def test_sim_plan_keeps_the_planner_s_public_names() -> None:
+    import ringtree.sim.plan as shim
+    from ringtree.sim.training import plan
+
+    tree = ast.parse((SIM / "training" / "plan.py").read_text())
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    defined += [
+        t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+    ]
+    public = {n for n in defined if not n.startswith("_")}
+    assert public <= set(shim.__all__)
+    assert all(getattr(shim, n) is getattr(plan, n) for n in shim.__all__)
