@@ -33,12 +33,13 @@ import json
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from benchmarks.published_runs import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data" / "published-runs-moe.json"
@@ -111,28 +112,12 @@ def outcome(row: dict[str, Any], returncode: int, output: str, plan: dict[str, A
             "fits": fits, "ep_comm_s": ep_comm}  # fmt: skip
 
 
-def _subprocess(args: list[str]) -> tuple[int, str]:
-    """`python -m ringtree ARGS` in a fresh process: the user's path."""
-    done = subprocess.run([sys.executable, "-m", "ringtree", *args], cwd=ROOT, capture_output=True, text=True)
-    return done.returncode, done.stdout + done.stderr
-
-
-def _in_process(args: list[str]) -> tuple[int, str]:
-    """The same command line through the same CLI, in this process."""
-    from typer.testing import CliRunner
-
-    from ringtree.cli.app import app
-
-    done = CliRunner().invoke(app, args)
-    return done.exit_code, done.output
-
-
 def run_row(row: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
     """Run the row's command and compare; never raises for what the planner refuses."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
         args = command(row, out)
-        returncode, output = (_in_process if in_process else _subprocess)(args)
+        returncode, output = run_cli(args, in_process)
         plan = json.loads(out.read_text()) if out.exists() else None
     result = outcome(row, returncode, output, plan)
     return {"id": row["id"], "command": "ringtree " + " ".join([*args[:-1], "plan.json"]), **result}

@@ -181,12 +181,17 @@ def _in_process(args: list[str]) -> tuple[int, str]:
     return done.exit_code, done.output
 
 
+def run_cli(args: list[str], in_process: bool = False) -> tuple[int, str]:
+    """Exit code and output of `ringtree ARGS`, in this process or a fresh one."""
+    return (_in_process if in_process else _subprocess)(args)
+
+
 def run_row(row: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
     """Run the row's command and compare; never raises for what the planner refuses."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"
         args = command(row, out)
-        returncode, output = (_in_process if in_process else _subprocess)(args)
+        returncode, output = run_cli(args, in_process)
         plan = json.loads(out.read_text()) if out.exists() else None
     result = outcome(row, returncode, output, plan)
     return {"id": row["id"], "command": "ringtree " + " ".join([*args[:-1], "plan.json"]), **result}

@@ -29,6 +29,7 @@ from ringtree.comm.collectives import (
     DEFAULT_TIMEOUT_S,
     NATIVE,
     _Call,
+    _contiguous,
     algorithms,
 )
 from ringtree.comm.errors import MismatchError
@@ -142,7 +143,7 @@ def _run_schedule(
     flat_in = input.contiguous().view(-1)
     if output.data_ptr() == input.data_ptr() and output.numel():
         flat_in = flat_in.clone()
-    with _Flat(output) as flat_out:
+    with _contiguous(output) as flat_out:
         request = schedules.Request(
             COLLECTIVE, algorithm, call.topology, sum(matrix), input.element_size(), 0, matrix
         )
@@ -245,21 +246,6 @@ def _exchange(
                     f"(its output_split_sizes[{i}]); the split sizes must agree pairwise"
                 )
     return sizes
-
-
-class _Flat:
-    """A flat contiguous view of a tensor; a non-contiguous one is written back on success."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-        self.flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-
-    def __enter__(self) -> torch.Tensor:
-        return self.flat
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.tensor.is_contiguous() and exc[0] is None:
-            self.tensor.copy_(self.flat.view_as(self.tensor))
 
 
 class _AllToAll(torch.autograd.Function):
