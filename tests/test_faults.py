@@ -74,7 +74,7 @@ def dead_peer(rank: int, algorithm: str, transport: str) -> tuple[str, float]:
     if rank == 3:
         import ringtree.comm.executor as executor
 
-        real = executor._wait
+        real = executor.wait_step
 
         def dying(works: Any, step: Any, t: int, *args: Any, **kwargs: Any) -> None:
             if t >= 1:  # its step-1 operations are posted, then it dies before they complete
@@ -95,7 +95,7 @@ def dead_peer(rank: int, algorithm: str, transport: str) -> tuple[str, float]:
                 os._exit(0)
             real_sync(self, timeout, peers)
 
-        executor._wait = dying
+        executor.wait_step = dying
         executor._wait_one = dying_one
         shm._Doorbells.sync = dying_sync  # type: ignore[method-assign]
     start = time.monotonic()

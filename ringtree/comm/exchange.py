@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ringtree.comm import shm
 from ringtree.comm.errors import CollectiveError
-from ringtree.comm.executor import describe_failure
+from ringtree.comm.executor import describe_failure, wait_step
 from ringtree.schedules import Op, OpKind, Schedule
 
 
@@ -177,14 +177,7 @@ def _point_to_point(
             p2p.append(dist.P2POp(dist.irecv, into, peers[peer], group))
             posted.append(ops[0])
         works = _post(p2p, posted, group, peers, t, n, timeout, what)
-        # gloo returns one work per op, in order; NCCL may return a single one
-        named: list[Op | None] = list(posted) if len(works) == len(posted) else [None] * len(works)
-        for work, op in zip(works, named, strict=True):
-            try:
-                work.wait(timeout)
-            except RuntimeError as e:
-                who = None if op is None else peers[op.peer]
-                raise CollectiveError(describe_failure(e, op, who, t, n, timeout, what), peer=who) from e
+        wait_step(works, tuple(posted), t, n, peers, timeout, what)
         for packed, views in unpack:
             _scatter(packed, views)
 

@@ -163,7 +163,7 @@ def _batched(
             works = dist.batch_isend_irecv(p2p)
         except RuntimeError as e:  # posting failed: the peer's connection is already gone
             raise CollectiveError(describe_failure(e, None, None, t, len(steps), timeout, what)) from e
-        _wait(works, step, t, len(steps), peers, timeout, what)
+        wait_step(works, step, t, len(steps), peers, timeout, what)
         for acc, incoming in reductions:
             combine(acc, incoming)
 
@@ -201,7 +201,7 @@ def _failure(
     return CollectiveError(describe_failure(e, op, peers[peer], t, n, timeout, what), peer=peers[peer])
 
 
-def _wait(
+def wait_step(
     works: list[dist.Work],
     step: Step,
     t: int,
@@ -210,7 +210,9 @@ def _wait(
     timeout: timedelta,
     what: str,
 ) -> None:
-    # batch_isend_irecv returns one work per op, in order (gloo); NCCL may return a single one.
+    """Wait for one step's posted works; a failure names the peer of the op that failed.
+
+    batch_isend_irecv returns one work per op, in order (gloo); NCCL may return a single one."""
     ops: list[Op | None] = list(step) if len(works) == len(step) else [None] * len(works)
     for work, op in zip(works, ops, strict=True):
         try:
