@@ -46,10 +46,11 @@ def against_torch(rank: int) -> list[str]:
             comm.all_to_all_single(got, x, outs, ins, algorithm=algorithm)
             if not torch.equal(got, want):
                 failures.append(f"{case} {algorithm}")
-        got = torch.full_like(want, -1.0)  # the sizes known everywhere: nothing exchanged
-        comm.all_to_all_single(got, x, outs, ins, "bruck", validate=False, split_matrix=sizes)
-        if not torch.equal(got, want):
-            failures.append(f"{case} bruck with split_matrix")
+        for algorithm in ("bruck", "linear"):  # the sizes known everywhere: nothing exchanged
+            got = torch.full_like(want, -1.0)
+            comm.all_to_all_single(got, x, outs, ins, algorithm, validate=False, split_matrix=sizes)
+            if not torch.equal(got, want):
+                failures.append(f"{case} {algorithm} with split_matrix")
     return failures
 
 

@@ -147,6 +147,11 @@ def test_every_algorithm_matches_torch_over_shared_memory_on_two_nodes() -> None
     assert spawn(checks, 4, ("shm",), local_world_size=2, timeout_s=120) == [[]] * 4
 
 
+def test_every_algorithm_matches_torch_over_shared_memory_on_one_host() -> None:
+    """3 ranks of one host: linear (and auto) copy straight out of the peers' regions."""
+    assert spawn(checks, 3, ("shm",), timeout_s=120) == [[]] * 3
+
+
 def _error(fn: object) -> str:
     try:
         fn()  # type: ignore[operator]

@@ -143,7 +143,12 @@ def _run_schedule(
     flat_in = input.contiguous().view(-1)
     if output.data_ptr() == input.data_ptr() and output.numel():
         flat_in = flat_in.clone()
+    pg = call.group if call.group is not None else dist.distributed_c10d._get_default_group()
     with _contiguous(output) as flat_out:
+        if algorithm == "linear" and shm.usable(input.device, pg, call.timeout):
+            what = _what(algorithm, flat_in)
+            exchange.linear_shared(flat_in, flat_out, matrix, call.rank, pg, call.timeout, what)
+            return
         request = schedules.Request(
             COLLECTIVE, algorithm, call.topology, sum(matrix), input.element_size(), 0, matrix
         )
@@ -155,8 +160,12 @@ def _run_schedule(
             peers=call.peers,
             group=call.group,
             timeout=call.timeout,
-            what=f"ringtree all_to_all(algorithm={algorithm!r}, count={flat_in.numel()})",
+            what=_what(algorithm, flat_in),
         )
+
+
+def _what(algorithm: str, flat_in: torch.Tensor) -> str:
+    return f"ringtree all_to_all(algorithm={algorithm!r}, count={flat_in.numel()})"
 
 
 def _check_tensors(input: torch.Tensor, output: torch.Tensor) -> None:

@@ -137,6 +137,43 @@ def execute(
         _point_to_point(Storage(schedule, rank, input, output), schedule, rank, peers, group, timeout, what)
 
 
+def linear_shared(
+    input: torch.Tensor,
+    output: torch.Tensor,
+    matrix: tuple[int, ...],
+    rank: int,
+    pg: dist.ProcessGroup,
+    timeout: timedelta,
+    what: str,
+) -> None:
+    """The linear schedule over shared memory, its offsets read off the block matrix instead of
+    walked op by op: what `_shared` does with the built "linear" schedule (publish, one barrier,
+    every peer's block copied out), without building it. An MoE layer's every exchange has new
+    splits, so a built schedule is never reused, and building one costs more than the copies.
+
+    matrix: p x p elements, [i * p + j] what rank i sends rank j; input and output flat, the
+    blocks in rank order. Every rank passes the same matrix (usable() said yes for the group).
+    """
+    p = round(len(matrix) ** 0.5)
+    rows = [matrix[i * p : i * p + p] for i in range(p)]
+    travels = any(rows[i][j] for i in range(p) for j in range(p) if i != j)  # alike on every rank
+    item, dtype = input.element_size(), input.dtype
+    group = shm.group_state(pg, timeout)
+    with group.lock:
+        regions: list[torch.Tensor] = []
+        if travels:
+            regions = [r.view(dtype) for r in group.regions(max(map(sum, rows)) * item, timeout)]
+            regions[rank][: input.numel()].copy_(input)
+            group.sync(timeout, what, 0, 1)  # every rank: inputs published, the call before last done
+        at = 0
+        for i, row in enumerate(rows):
+            n, offset = row[rank], sum(row[:rank])  # block (i, rank): where rank i keeps it
+            if n:
+                source = input if i == rank else regions[i]
+                output[at : at + n].copy_(source[offset : offset + n])
+            at += n
+
+
 def _by_peer(step: tuple[Op, ...], kind: OpKind) -> Iterator[tuple[int, list[Op]]]:
     """A step's ops of one kind grouped by peer, in the order of each peer's first op."""
     groups: dict[int, list[Op]] = {}
