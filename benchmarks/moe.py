@@ -12,13 +12,17 @@ ratio to native is taken per round and its median reported. Warm-up steps are no
 rank runs one intra-op thread; with --pin, where the ranks outnumber the cores, each is pinned to
 one core for every variant (ringtree.parallel.placement, as ringtree's DDP does in training). The
 exposed all-to-all fraction is the time the training thread spent blocked in all-to-alls over
-the step time (the slowest rank's).
+the step time (the slowest rank's). CPU time is counted too, per rank and step (every thread:
+gloo runs torch's exchanges on threads of its own): where the ranks outnumber the cores the step
+lasts as long as that work shared out, and `ceiling_vs_native` is the most a free all-to-all
+could give over torch's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -77,18 +81,31 @@ def measure(parallel: ExpertParallel, variant: str, setup: Setup) -> dict[str, f
     for _ in range(setup.warmup):
         step()
     dist.barrier()
-    start, a2a = time.perf_counter(), CLOCK.seconds
+    start, a2a, a2a_cpu, cpu = time.perf_counter(), CLOCK.seconds, CLOCK.cpu_seconds, _process_cpu_s()
     for _ in range(setup.steps):
         step()
-    both = torch.tensor([time.perf_counter() - start, CLOCK.seconds - a2a], dtype=torch.float64)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    seconds, a2a_s = both.tolist()
+    elapsed, cpu_s = time.perf_counter() - start, _process_cpu_s() - cpu
+    mine = [elapsed, CLOCK.seconds - a2a, cpu_s, CLOCK.cpu_seconds - a2a_cpu]
+    slowest = torch.tensor(mine[:2], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    work = torch.tensor(mine[2:], dtype=torch.float64)
+    dist.all_reduce(work)
+    seconds, a2a_s = slowest.tolist()
+    cpu_s, a2a_cpu_s = (w / dist.get_world_size() / setup.steps for w in work.tolist())
     return {
         "samples_per_s": setup.sequences * dist.get_world_size() * setup.steps / seconds,
         "step_time_s": seconds / setup.steps,
         "a2a_time_s": a2a_s / setup.steps,
         "a2a_exposed_fraction": a2a_s / seconds,
+        "cpu_s_per_step": cpu_s,  # a rank's CPU time a step, every thread (mean over ranks)
+        "a2a_cpu_s_per_step": a2a_cpu_s,  # of it, the training thread's inside all-to-alls
     }
+
+
+def _process_cpu_s() -> float:
+    """This process's CPU time, every thread's (gloo's own threads do torch's exchanges)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def worker(rank: int, setup: Setup, pin: bool) -> dict[str, Any]:
@@ -121,12 +138,20 @@ def summarize(result: dict[str, Any], setup: Setup, pinned: bool = False) -> dic
         "ringtree_algorithm": best,
         "ringtree_a2a_exposed_fraction": v[best]["a2a_exposed_fraction"],
         "native_a2a_exposed_fraction": v["native"]["a2a_exposed_fraction"],
+        "ceiling_vs_native": ceiling(v[best], v["native"]),
         "ratios_vs_native": ratios,
         "variants": v,
         "setup": asdict(setup),
         "pinned": pinned,
         "environment": result["environment"],
     }
+
+
+def ceiling(ours: dict[str, float], native: dict[str, float]) -> float:
+    """The most a free all-to-all could gain over native where the ranks outnumber the cores (the
+    step then lasts as long as the ranks' CPU work, shared out): native's CPU a step over ours
+    without our exchanges' CPU."""
+    return native["cpu_s_per_step"] / (ours["cpu_s_per_step"] - ours["a2a_cpu_s_per_step"])
 
 
 def main() -> None:
@@ -149,7 +174,7 @@ def main() -> None:
     if setup.experts % args.nproc:
         parser.error(f"--nproc {args.nproc} must divide the {setup.experts} experts")
     summary = summarize(spawn(worker, args.nproc, (setup, args.pin), timeout_s=1800)[0], setup, args.pin)
-    print(json.dumps({k: summary[k] for k in list(summary)[:7]}, indent=2))
+    print(json.dumps({k: summary[k] for k in list(summary)[:8]}, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -6,7 +6,8 @@ backward is the same exchange with the splits swapped (what was sent comes back)
 picks the schedule: `native` is torch.distributed's all_to_all_single (called directly); ringtree's
 own (pairwise, bruck, linear, hierarchical, and auto, which picks one by its cost) run through
 `ringtree.comm.all_to_all_single`. Every call is timed into CLOCK: the trainer reads the seconds
-spent and the calls made per step (`a2a_time_s`; the tests count the exchanges).
+spent and the calls made per step (`a2a_time_s`; the tests count the exchanges), the benchmark
+also the calling thread's CPU time in them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Clock:
     """Seconds spent in all-to-alls and their number, since the process started (read differences)."""
 
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the calling thread's CPU time inside them (copies, signalling)
     calls: int = 0
     rows: int = 0  # rows sent (token copies; counts exchanges excluded)
 
@@ -57,7 +59,7 @@ def all_to_all_single(
     matrix: every rank's splits, when the caller knows them (the dispatch does, from the counts
     exchange): ringtree's schedules then skip their own exchange of the sizes.
     """
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     if algorithm == "native":
         dist.all_to_all_single(output, input, output_splits, input_splits, group=group)
     else:  # the splits agree by construction (the counts exchange): no validating all-gather
@@ -65,6 +67,7 @@ def all_to_all_single(
             output, input, output_splits, input_splits, algorithm, group, validate=False, split_matrix=matrix
         )
     CLOCK.seconds += time.perf_counter() - start
+    CLOCK.cpu_seconds += time.thread_time() - cpu
     CLOCK.calls += 1
 
 
