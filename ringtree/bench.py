@@ -39,6 +39,9 @@ ROW_KEYS = (
 )
 
 
+MOVING = ("all_gather", "all_to_all", "broadcast")  # collectives that reduce nothing
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """One sweep: sizes from min_bytes to max_bytes (x step_factor), every algorithm at each size."""
@@ -71,6 +74,11 @@ class BenchConfig:
         if self.iters < 1 or self.warmup < 0:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got {self.iters} and {self.warmup}")
         check_op(self.op, torch_dtype(self.dtype))
+        if self.collective in MOVING and self.op != "sum":
+            raise ValueError(
+                f"--op {self.op} reduces, and {self.collective.replace('_', '-')} only moves data; "
+                "drop --op or bench a reducing collective (all-reduce, reduce-scatter, reduce)"
+            )
         check_device(self.device)
 
     def algorithm_list(self) -> list[str]:
@@ -175,7 +183,7 @@ def run_sweep(cfg: BenchConfig, on_row: Callable[[Row], None] | None = None) -> 
                 size,
                 count,
                 cfg.dtype,
-                cfg.op,
+                "none" if cfg.collective in MOVING else cfg.op,  # as nccl-tests' redop column
                 p,
                 p // k,
                 k,

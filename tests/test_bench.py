@@ -75,6 +75,8 @@ def test_bench_other_collectives_check_their_results(
     name = collective.replace("-", "_")
     assert {r["algorithm"] for r in rows} == set(__import__("ringtree").comm.algorithms(name))
     assert all(r["wrong"] == 0 and r["collective"] == name for r in rows)
+    reduces = name in ("reduce_scatter", "reduce")  # nccl-tests' redop column: none where nothing is
+    assert {r["op"] for r in rows} == ({extra[-1]} if reduces else {"none"})
 
 
 def test_bench_rejects_bad_arguments() -> None:
@@ -84,6 +86,8 @@ def test_bench_rejects_bad_arguments() -> None:
     assert result.exit_code == 2 and "64M" in result.output
     result = CliRunner().invoke(app, ["bench", "--collective", "all-to-all", "--algorithms", "ring"])
     assert result.exit_code == 2 and "unknown all_to_all algorithm(s) ring" in result.output
+    result = CliRunner().invoke(app, ["bench", "--collective", "all-gather", "--op", "max"])
+    assert result.exit_code == 2 and "--op max reduces, and all-gather only moves data" in result.output
 
 
 def test_bench_under_torchrun_on_two_nodes(tmp_path: Path) -> None:
