@@ -21,6 +21,23 @@ received counts, the grouped GEMM takes its per-expert rows as a host list (`tok
 experts.py), torchtitan copies its splits with `.tolist()`. The GPU's queue drains and it idles until
 the host has launched the next kernel; the backward reuses the forward's counts. NVIDIA's later fused,
 "sync-free" MoE kernels keep the counts on the GPU; they are not priced.
+
+gpt-oss's experts (`Transformer.expert_bias`, `swiglu_limit`) add passes no kernel fuses in
+Megatron-Core (from its gpt-oss support of September 2025, core_v0.15.0, through core_v0.18.0 of
+June 2026, the releases around the published gpt-oss runs), `unfused_s`: the clamp of the gated
+activation's inputs before its fused kernel (`weighted_bias_quick_geglu_impl`, fused_bias_geglu.py:
+`x_glu.clamp(max=7)`, `x_linear.clamp(-7, 7)`, `torch.cat`), and the experts' output bias, added
+expert by expert (`TEGroupedMLP._apply_bias`, experts.py: `torch.cat([t + b * p for t, b, p in
+zip(torch.split(...), ...)])`; the first matrix's bias rides in Transformer Engine's grouped GEMM).
+Each kernel reads its full-size inputs once and writes its output once, 16-bit (`UNFUSED_BYTES`):
+per routed row and width F of one expert on this rank, the two clamps 2 + 2 bytes per element and
+the cat 4 + 4 on 2F (16 F), their backward `where` reading grad and input and writing 6 on each
+half (12 F); per row and h, b * p writes 2, the add reads 4 and writes 2, the cat 4 (12 h), the
+backward's two products and reductions (grad x p summed over rows for b, grad x b over h for p) 6
+each (12 h). Kernels: 3 for the clamp forward, 2 backward; 3 per local expert and the cat forward,
+4 per local expert backward. Not counted: the clamp again where Megatron-Core recomputes
+`moe_act`, fp32 router probabilities (which would widen the bias path), and a per-call scalar copy
+to the GPU (`torch.tensor(linear_offset, device=...)`).
 """
 
 from __future__ import annotations
@@ -36,6 +53,9 @@ ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
 # .tolist(), the output buffer, the exchange's launch
 HOST_OPS = 4
 HOST_OP_S = 20e-6
+# HBM bytes per routed row moved by gpt-oss's unfused passes (module docstring), per unit of the
+# expert's width F (clamp) and of hidden h (output bias): forward, backward
+UNFUSED_BYTES = {"clamp": (16, 12), "bias": (12, 12)}
 
 
 def routed_tokens(model: Transformer, run: Training) -> float:
@@ -72,6 +92,26 @@ def host_sync_s() -> float:
     """The GPU's idle time per MoE layer forward while the host waits for the token counts and launches
     the next kernel (the same for every dispatcher in dropless training)."""
     return HOST_OPS * HOST_OP_S
+
+
+def unfused_s(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float]:
+    """An MoE layer's passes over its routed rows that Megatron-Core runs unfused for gpt-oss's experts
+    (the module docstring): the clamp of the gated activation's inputs and the experts' output bias, by
+    the bytes they move through HBM and their kernels, forward and backward."""
+    rows, local = expert_rows(model, run), model.experts // run.ep
+    moved, kernels = [0.0, 0.0], [0, 0]
+    if model.swiglu_limit:
+        width = model.moe_ffn_hidden // run.etp  # each half's: F of the gate, F of the linear part
+        for i, per in enumerate(UNFUSED_BYTES["clamp"]):
+            moved[i] += per * width * rows
+        kernels[0], kernels[1] = kernels[0] + 3, kernels[1] + 2
+    if model.expert_bias:
+        for i, per in enumerate(UNFUSED_BYTES["bias"]):
+            moved[i] += per * model.hidden * rows
+        kernels[0], kernels[1] = kernels[0] + 3 * local + 1, kernels[1] + 4 * local
+    bandwidth = gpu.hbm_GBps * 1e9
+    forward, backward = (b / bandwidth + k * compute.KERNEL_S for b, k in zip(moved, kernels, strict=True))
+    return forward, backward
 
 
 def dispatch_bytes(model: Transformer, run: Training) -> int:
