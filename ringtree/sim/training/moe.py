@@ -29,15 +29,16 @@ activation's inputs before its fused kernel (`weighted_bias_quick_geglu_impl`, f
 `x_glu.clamp(max=7)`, `x_linear.clamp(-7, 7)`, `torch.cat`), and the experts' output bias, added
 expert by expert (`TEGroupedMLP._apply_bias`, experts.py: `torch.cat([t + b * p for t, b, p in
 zip(torch.split(...), ...)])`; the first matrix's bias rides in Transformer Engine's grouped GEMM).
-Each kernel reads its full-size inputs once and writes its output once, 16-bit (`UNFUSED_BYTES`):
-per routed row and width F of one expert on this rank, the two clamps 2 + 2 bytes per element and
-the cat 4 + 4 on 2F (16 F), their backward `where` reading grad and input and writing 6 on each
-half (12 F); per row and h, b * p writes 2, the add reads 4 and writes 2, the cat 4 (12 h), the
-backward's two products and reductions (grad x p summed over rows for b, grad x b over h for p) 6
-each (12 h). Kernels: 3 for the clamp forward, 2 backward; 3 per local expert and the cat forward,
-4 per local expert backward. Not counted: the clamp again where Megatron-Core recomputes
-`moe_act`, fp32 router probabilities (which would widen the bias path), and a per-call scalar copy
-to the GPU (`torch.tensor(linear_offset, device=...)`).
+Each kernel reads its inputs once and writes its output once, 16-bit, masks a byte an element
+(`UNFUSED_BYTES`, `UNFUSED_KERNELS`; tests/test_plan_moe_unfused.py replays the code under a
+TorchDispatchMode and counts both): per routed row and width F of one expert on this rank, the
+clamp forward moves 16 F (two clamps 4 F each, the cat 8 F) in 3 kernels, its backward 30 F (the
+clamps' masks and `where`s 22 F, the chunk's gradients concatenated 8 F) in 9; per routed row and h,
+the bias forward 12 h (b * p, the add, the cat) in 2 kernels per local expert and 1, its backward
+16 h (grad x p and grad x b, each summed, and the split's gradients concatenated) in 4 per local
+expert and 2. Not counted: the clamp again where Megatron-Core recomputes `moe_act`, fp32 router
+probabilities (which would widen the bias path), and a per-call scalar copy to the GPU
+(`torch.tensor(linear_offset, device=...)`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
 # .tolist(), the output buffer, the exchange's launch
 HOST_OPS = 4
 HOST_OP_S = 20e-6
-# HBM bytes per routed row moved by gpt-oss's unfused passes (module docstring), per unit of the
-# expert's width F (clamp) and of hidden h (output bias): forward, backward
-UNFUSED_BYTES = {"clamp": (16, 12), "bias": (12, 12)}
+# gpt-oss's unfused passes (module docstring), forward and backward: HBM bytes per routed row and unit
+# of the expert's width F (clamp) or of h (output bias); kernels, the bias's per local expert and once
+UNFUSED_BYTES = {"clamp": (16, 30), "bias": (12, 16)}
+UNFUSED_KERNELS = {"clamp": (3, 9), "bias_per_expert": (2, 4), "bias": (1, 2)}
 
 
 def routed_tokens(model: Transformer, run: Training) -> float:
@@ -100,15 +102,13 @@ def unfused_s(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float
     the bytes they move through HBM and their kernels, forward and backward."""
     rows, local = expert_rows(model, run), model.experts // run.ep
     moved, kernels = [0.0, 0.0], [0, 0]
-    if model.swiglu_limit:
-        width = model.moe_ffn_hidden // run.etp  # each half's: F of the gate, F of the linear part
-        for i, per in enumerate(UNFUSED_BYTES["clamp"]):
-            moved[i] += per * width * rows
-        kernels[0], kernels[1] = kernels[0] + 3, kernels[1] + 2
-    if model.expert_bias:
-        for i, per in enumerate(UNFUSED_BYTES["bias"]):
-            moved[i] += per * model.hidden * rows
-        kernels[0], kernels[1] = kernels[0] + 3 * local + 1, kernels[1] + 4 * local
+    for i in (0, 1):
+        if model.swiglu_limit:  # each half of the gated input: F of the gate, F of the linear part
+            moved[i] += UNFUSED_BYTES["clamp"][i] * model.moe_ffn_hidden / run.etp * rows
+            kernels[i] += UNFUSED_KERNELS["clamp"][i]
+        if model.expert_bias:
+            moved[i] += UNFUSED_BYTES["bias"][i] * model.hidden * rows
+            kernels[i] += UNFUSED_KERNELS["bias_per_expert"][i] * local + UNFUSED_KERNELS["bias"][i]
     bandwidth = gpu.hbm_GBps * 1e9
     forward, backward = (b / bandwidth + k * compute.KERNEL_S for b, k in zip(moved, kernels, strict=True))
     return forward, backward
