@@ -234,7 +234,7 @@ def test_one_row_runs_through_the_planner() -> None:
 
 # the planner's figures over the published rows (docs/results/planner-accuracy-moe.md), a little above what
 # it gives now, so that a regression fails
-MEDIAN_ABS_ERROR, MEAN_ABS_ERROR, MEDIAN_SPEEDUP_ERROR = 0.171, 0.435, 0.036
+MEDIAN_ABS_ERROR, MEAN_ABS_ERROR, MEDIAN_SPEEDUP_ERROR = 0.171, 0.422, 0.036
 
 
 @pytest.mark.timeout(120)

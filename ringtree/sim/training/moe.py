@@ -21,6 +21,24 @@ received counts, the grouped GEMM takes its per-expert rows as a host list (`tok
 experts.py), torchtitan copies its splits with `.tolist()`. The GPU's queue drains and it idles until
 the host has launched the next kernel; the backward reuses the forward's counts. NVIDIA's later fused,
 "sync-free" MoE kernels keep the counts on the GPU; they are not priced.
+
+gpt-oss's experts (`Transformer.expert_bias`, `swiglu_limit`) add passes no kernel fuses in
+Megatron-Core (from its gpt-oss support of September 2025, core_v0.15.0, through core_v0.18.0 of
+June 2026, the releases around the published gpt-oss runs), `unfused_s`: the clamp of the gated
+activation's inputs before its fused kernel (`weighted_bias_quick_geglu_impl`, fused_bias_geglu.py:
+`x_glu.clamp(max=7)`, `x_linear.clamp(-7, 7)`, `torch.cat`), and the experts' output bias, added
+expert by expert (`TEGroupedMLP._apply_bias`, experts.py: `torch.cat([t + b * p for t, b, p in
+zip(torch.split(...), ...)])`; the first matrix's bias rides in Transformer Engine's grouped GEMM).
+Each kernel reads its inputs once and writes its output once, 16-bit, masks a byte an element
+(`UNFUSED_BYTES`, `UNFUSED_KERNELS`; tests/test_plan_moe_unfused.py replays the code under a
+TorchDispatchMode and counts both): per routed row and width F of one expert on this rank, the
+clamp forward moves 16 F (two clamps 4 F each, the cat 8 F) in 3 kernels, its backward 30 F (the
+clamps' masks and `where`s 22 F, the chunk's gradients concatenated 8 F) in 9; per routed row and h,
+the bias forward 12 h (b * p, the add, the cat) in 2 kernels per local expert and 1, its backward
+16 h (grad x p and grad x b, each summed, and the split's gradients concatenated) in 4 per local
+expert and 2. Not counted: the clamp again where Megatron-Core recomputes `moe_act`, fp32 router
+probabilities (which would widen the bias path), and a per-call scalar copy to the GPU
+(`torch.tensor(linear_offset, device=...)`).
 """
 
 from __future__ import annotations
@@ -36,6 +54,10 @@ ITEMSIZE = 2  # tokens travel in 16 bits (BF16 dispatch and combine)
 # .tolist(), the output buffer, the exchange's launch
 HOST_OPS = 4
 HOST_OP_S = 20e-6
+# gpt-oss's unfused passes (module docstring), forward and backward: HBM bytes per routed row and unit
+# of the expert's width F (clamp) or of h (output bias); kernels, the bias's per local expert and once
+UNFUSED_BYTES = {"clamp": (16, 30), "bias": (12, 16)}
+UNFUSED_KERNELS = {"clamp": (3, 9), "bias_per_expert": (2, 4), "bias": (1, 2)}
 
 
 def routed_tokens(model: Transformer, run: Training) -> float:
@@ -72,6 +94,24 @@ def host_sync_s() -> float:
     """The GPU's idle time per MoE layer forward while the host waits for the token counts and launches
     the next kernel (the same for every dispatcher in dropless training)."""
     return HOST_OPS * HOST_OP_S
+
+
+def unfused_s(model: Transformer, run: Training, gpu: GPU) -> tuple[float, float]:
+    """An MoE layer's passes over its routed rows that Megatron-Core runs unfused for gpt-oss's experts
+    (the module docstring): the clamp of the gated activation's inputs and the experts' output bias, by
+    the bytes they move through HBM and their kernels, forward and backward."""
+    rows, local = expert_rows(model, run), model.experts // run.ep
+    moved, kernels = [0.0, 0.0], [0, 0]
+    for i in (0, 1):
+        if model.swiglu_limit:  # each half of the gated input: F of the gate, F of the linear part
+            moved[i] += UNFUSED_BYTES["clamp"][i] * model.moe_ffn_hidden / run.etp * rows
+            kernels[i] += UNFUSED_KERNELS["clamp"][i]
+        if model.expert_bias:
+            moved[i] += UNFUSED_BYTES["bias"][i] * model.hidden * rows
+            kernels[i] += UNFUSED_KERNELS["bias_per_expert"][i] * local + UNFUSED_KERNELS["bias"][i]
+    bandwidth = gpu.hbm_GBps * 1e9
+    forward, backward = (b / bandwidth + k * compute.KERNEL_S for b, k in zip(moved, kernels, strict=True))
+    return forward, backward
 
 
 def dispatch_bytes(model: Transformer, run: Training) -> int:

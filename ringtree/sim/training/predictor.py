@@ -99,6 +99,9 @@ def _layer_times(model: Transformer, run: Training, gpu: GPU, moe_layer: bool) -
     else:
         other = compute.elementwise_s(activation_bytes_per_layer(model, run, "none", moe_layer), gpu)
         other_back = 2 * other
+    if moe_layer and (model.expert_bias or model.swiglu_limit):  # gpt-oss's unfused expert passes
+        unfused, unfused_back = moe.unfused_s(model, run, gpu)
+        other, other_back = other + unfused, other_back + unfused_back
     if not run.flash_attention:  # Megatron-LM's 2021-2022 stack: its softmax fallback, its per-layer cost
         softmax, softmax_back = compute.softmax_fallback_s(model, run.micro_batch, run.tp, run.cp, gpu)
         other = other + softmax + compute.UNFUSED_LAYER_S

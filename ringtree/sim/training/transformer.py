@@ -68,6 +68,11 @@ class Transformer:
     qk_rope_dim: int = 0  # MLA: the rotary part of each query/key head
     v_head_dim: int = 0  # MLA: each value head's width (0: head_dim)
     sliding_window: int = 0  # every other layer attends to its last W keys; 0: all layers attend fully
+    # gpt-oss's experts (config.json): biases on their linear layers, and the gated activation's inputs
+    # clamped to +-swiglu_limit ("swiglu_limit": 7.0); 0: not clamped. Megatron-Core runs both as
+    # passes of their own (ringtree.sim.training.moe.unfused_s)
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -94,7 +99,11 @@ class Transformer:
             raise ValueError("--attention mla needs --kv-lora-rank and --qk-rope-dim (and --q-lora-rank)")
         if self.experts < 0 or self.top_k < 0 or self.shared_experts < 0 or self.dense_layers < 0:
             raise ValueError("--experts, --top-k, --shared-experts and --dense-layers must not be negative")
+        if self.swiglu_limit < 0:
+            raise ValueError(f"swiglu_limit must not be negative, got {self.swiglu_limit}")
         if not self.experts:
+            if self.expert_bias or self.swiglu_limit:
+                raise ValueError("expert biases and a clamped expert activation describe MoE layers")
             if self.top_k or self.shared_experts or self.moe_ffn_hidden or self.dense_layers:
                 raise ValueError(
                     "--top-k, --shared-experts, --moe-ffn-hidden and --dense-layers describe MoE layers: "
@@ -310,7 +319,7 @@ def _moe(
     experts: int,
     top_k: int,
     moe_ffn: int,
-    **rest: int | str,
+    **rest: int | str | bool | float,
 ) -> Transformer:
     """A released mixture-of-experts model's shape from its public config.json (docs/planner-moe.md,
     "The model", cites each file): SwiGLU experts, RoPE, untied output, no dropout; sequence
@@ -356,7 +365,20 @@ MODELS: dict[str, Transformer] = {
     ),
     "qwen3-30b-a3b": _moe(48, 2048, 32, 4, 151936, 128, 8, 768, ffn=6144, head_dim=128),
     "qwen3-235b-a22b": _moe(94, 4096, 64, 4, 151936, 128, 8, 1536, ffn=12288, head_dim=128),
-    "gpt-oss-120b": _moe(36, 2880, 64, 8, 201088, 128, 4, 2880, head_dim=64, sliding_window=128),
+    "gpt-oss-120b": _moe(
+        36,
+        2880,
+        64,
+        8,
+        201088,
+        128,
+        4,
+        2880,
+        head_dim=64,
+        sliding_window=128,
+        expert_bias=True,
+        swiglu_limit=7.0,
+    ),
     "llama4-scout": _moe(48, 5120, 40, 8, 202048, 16, 1, 8192, ffn=16384, shared_experts=1, head_dim=128),
     "llama4-maverick": _moe(
         48, 5120, 40, 8, 202048, 128, 1, 8192, ffn=16384, shared_experts=1, moe_every=2, head_dim=128
