@@ -249,7 +249,7 @@ def test_one_row_runs_through_the_planner() -> None:
 
 # the planner's figures over the published rows (docs/results/planner-accuracy-moe.md), a little above what
 # it gives now, so that a regression fails
-MEDIAN_ABS_ERROR, MEAN_ABS_ERROR, MEDIAN_SPEEDUP_ERROR = 0.168, 0.411, 0.036
+MEDIAN_ABS_ERROR, MEAN_ABS_ERROR, MEDIAN_SPEEDUP_ERROR = 0.168, 0.412, 0.035
 
 
 @pytest.mark.timeout(120)
