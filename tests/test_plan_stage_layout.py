@@ -4,6 +4,7 @@ their refusals, and a step priced by its heaviest stage (V = 1) or chunk (interl
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -132,3 +133,16 @@ def test_an_mtp_layer_is_one_more_layer_with_its_own_logits() -> None:
     assert w.stage_forward_s == pytest.approx((4 * f, 5 * f + 2 * logits))
     moe = dataclasses.replace(SMALL, experts=8, top_k=2, moe_ffn_hidden=512)
     assert work(moe, run, GPU, 8).ep_forward == 2 * 5  # the MTP layer is MoE as the last layer is
+
+
+def test_cli_plans_a_layout_and_says_so_in_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "transformer", "--layers", "8", "--hidden", "1024", "--heads", "16",
+            "--seq", "2048", "--vocab", "32000", "--global-batch", "64", "--nodes", "2", "--pp", "2",
+            "--virtual-stages", "2", "--pp-layout", "Et*3|t|(t*3|)*1tL", "--cluster", "dgx-h100",
+            "--json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    plan_json = json.loads(out.read_text())
+    assert plan_json["details"]["training"]["pp_layout"] == "Et*3|t|(t*3|)*1tL"
+    assert plan_json["step_s"] > 0 and len(plan_json["memory"]["stages"]) == 2
