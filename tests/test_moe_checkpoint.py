@@ -1,0 +1,109 @@
+"""Checkpoints of expert-parallel runs: a run saved at step 4 and resumed ends bit-identical to one
+never stopped (EP 2 on 4 ranks, --zero 0 and 1); an EP 4 checkpoint (--zero 2) resumes at EP 2 and
+without EP with the same gathered experts, each expert stored once under its global index."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from ringtree.processes import spawn
+from ringtree.train import TrainConfig, Trainer
+
+SMALL = {"model": "moe", "dataset": "tests.moe_data:small", "progress": False, "straggler_every": 0}
+EXPERT = "blocks.0.mlp.experts.w_gate"
+
+
+def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Every parameter, the experts gathered to all E of them (EP groups are consecutive ranks)."""
+    ep, out = trainer.cfg.ep, {}
+    for name, p in trainer.net.named_parameters():
+        value = p.detach().clone()
+        if ".experts." in name and ep > 1:
+            got = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+            dist.all_gather(got, value)
+            value = torch.cat(got[:ep])
+        out[name] = value
+    return out
+
+
+def _fit(folder: str, **options: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    trainer = Trainer.from_config(TrainConfig(**SMALL, batch_size=16, checkpoint_dir=folder, **options))
+    return trainer.fit(), _params(trainer)
+
+
+def _keep_only_step_4(rank: int, source: str, target: str) -> None:
+    if rank == 0:
+        shutil.copytree(source, target)
+        for p in Path(target).glob("step-00000008*"):
+            shutil.rmtree(p)
+    dist.barrier()
+
+
+def _runs(rank: int, root: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for zero in (0, 1):  # 2 epochs of 4 steps, saved after each; then resumed from step 4
+        whole = _fit(f"{root}/z{zero}", epochs=2, ep=2, zero=zero)
+        _keep_only_step_4(rank, f"{root}/z{zero}", f"{root}/z{zero}-resumed")
+        out[f"zero{zero}"] = (whole, _fit(f"{root}/z{zero}-resumed", epochs=2, ep=2, zero=zero, resume=True))
+    out["ep4"] = _fit(f"{root}/ep4", epochs=1, ep=4, zero=2)
+    for ep in (2, 1):  # nothing left to train: the parameters are the checkpoint's
+        if rank == 0:
+            shutil.copytree(f"{root}/ep4", f"{root}/ep4-at-{ep}")
+        dist.barrier()
+        out[f"at{ep}"] = _fit(f"{root}/ep4-at-{ep}", epochs=1, ep=ep, zero=0, resume=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("moe-ck")
+    return root, spawn(_runs, 4, (str(root),), timeout_s=240)[0]
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_resumed_at_step_4_ends_bit_identical_to_an_uninterrupted_run(
+    runs: tuple[Path, dict[str, Any]], zero: int
+) -> None:
+    (whole, at_end), (resumed, resumed_at_end) = runs[1][f"zero{zero}"]
+    assert (whole["ep"], whole["dp"], whole["zero"], whole["steps"]) == (2, 4, zero, 8)
+    assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 8
+    for key in ("final_loss", "train_loss", "test_loss", "accuracy", "expert_load", "tokens_dropped"):
+        assert resumed[key] == whole[key], key
+    assert at_end.keys() == resumed_at_end.keys() and EXPERT in at_end
+    for name, value in at_end.items():
+        torch.testing.assert_close(resumed_at_end[name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("ep", [2, 1])
+def test_an_ep4_checkpoint_resumes_at_another_ep_with_the_same_experts(
+    runs: tuple[Path, dict[str, Any]], ep: int
+) -> None:
+    saved_summary, saved = runs[1]["ep4"]
+    summary, params = runs[1][f"at{ep}"]
+    assert (saved_summary["ep"], summary["ep"]) == (4, ep)
+    assert summary["resumed_from_step"] == saved_summary["steps"] == summary["steps"] == 4
+    assert saved[EXPERT].shape[0] == 8
+    for name, value in saved.items():
+        torch.testing.assert_close(params[name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize(("run", "offsets"), [("z1", [0, 4]), ("ep4", [0, 2, 4, 6])])
+def test_each_expert_is_stored_once_under_its_global_index(
+    runs: tuple[Path, dict[str, Any]], run: str, offsets: list[int]
+) -> None:
+    """EP 2 on 4 ranks: each expert box is held by two EDP replicas and written once; EP 4: once each."""
+    root, _ = runs
+    folder = sorted((root / run).glob("step-*.dcp"))[-1]
+    meta = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    stored = meta[f"model.{EXPERT}"]
+    assert isinstance(stored, TensorStorageMetadata) and stored.size[0] == 8
+    assert sorted(c.offsets[0] for c in stored.chunks) == offsets
+    assert f"optim.exp_avg.{EXPERT}" in meta and "buffer.blocks.0.mlp.router.expert_bias" in meta
