@@ -107,3 +107,38 @@ def test_each_expert_is_stored_once_under_its_global_index(
     assert isinstance(stored, TensorStorageMetadata) and stored.size[0] == 8
     assert sorted(c.offsets[0] for c in stored.chunks) == offsets
     assert f"optim.exp_avg.{EXPERT}" in meta and "buffer.blocks.0.mlp.router.expert_bias" in meta
+
+
+def test_the_loss_scale_and_the_token_counts_survive_a_checkpoint(tmp_path: Path) -> None:
+    """--amp fp16's scaler (a CUDA run's; torch's CPU scaler here) and the dropped-token counts."""
+    from ringtree.parallel import ExpertParallel, MoE
+    from ringtree.train import expert_checkpoint, sharded_checkpoint
+    from ringtree.train.layout import whole
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    try:
+
+        def share(scale: float) -> expert_checkpoint.Share:
+            torch.manual_seed(0)
+            layer = MoE(8, 8, 4, top_k=1)
+            experts = ExpertParallel(1)
+            experts.apply(layer)
+            optimizer = torch.optim.AdamW(layer.parameters())
+            scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+            buffers = dict(layer.named_buffers())
+            dense = list(layer.parameters())
+            return expert_checkpoint.Share(experts, optimizer, whole(layer), None, dense, buffers, 0, scaler)
+
+        saved = share(1024.0)
+        saved.experts.copies += torch.tensor([3.0, 40.0], dtype=torch.float64)
+        assert saved.scaler is not None
+        saved.scaler.scale(torch.ones(()))
+        saved.scaler.update(512.0)
+        state = expert_checkpoint.state(saved, None)
+        sharded_checkpoint.save_state(tmp_path, 1, "moe", state, keep=1)
+        loaded = share(2.0)
+        expert_checkpoint.load(loaded, next(tmp_path.glob("step-*.dcp")))
+        assert loaded.scaler is not None and loaded.scaler.get_scale() == 512.0
+        assert loaded.experts.copies.tolist() == [3.0, 40.0] and loaded.experts.dropped_fraction() == 3 / 40
+    finally:
+        dist.destroy_process_group()

@@ -267,7 +267,7 @@ class Checkpointer:
         kept = tensor_parallel.persistent_buffers(self.net)
         buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own and n in kept}
         return expert_checkpoint.Share(
-            experts, self.optimizer, self.places, ids, dense, buffers, self.mesh.pp_rank
+            experts, self.optimizer, self.places, ids, dense, buffers, self.mesh.pp_rank, self.amp.scaler
         )
 
     def _owned(self) -> set[int] | None:

@@ -12,7 +12,8 @@ stage or world size asks for the boxes it now holds; one without EP reads whole 
 
 Beside the experts, a --zero 0 run writes each of its other parameters (TP-local, whole) the same
 way, and every run its persistent buffers (the routers' expert bias among them), the random state,
-the optimizer's step and ExpertParallel's count of dropped and routed token copies.
+the optimizer's step, ExpertParallel's count of dropped and routed token copies and, under --amp
+fp16, the loss scaler's state.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ringtree.train.layout import Place, chunks
 from ringtree.train.sharded_checkpoint import Key, Wanted
 
 COPIES = "expert_parallel.copies"  # [dropped, routed] token copies over the run, per pipeline stage
+SCALER = "expert_parallel.scaler"  # --amp fp16's loss scale and its growth tracker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +201,7 @@ class Share:
     dense: list[nn.Parameter]  # the other parameters the optimizer steps whole (--zero 0; else none)
     buffers: dict[str, torch.Tensor]  # this stage's persistent buffers, by their name in the model
     stage: int  # this rank's pipeline stage
+    scaler: torch.amp.GradScaler | None = None  # --amp fp16's loss scaler
 
     def parts(self, kinds: list[str]) -> list[Part]:
         return [
@@ -226,6 +229,9 @@ def state(
     plain |= {f"buffer.{k}": v.detach().cpu().clone() for k, v in share.buffers.items()}
     plain |= {f"optim_scalar.{k}": v for k, v in scalars.items()}
     plain |= save_copies(share.experts, share.stage)
+    if share.scaler is not None and share.scaler.is_enabled():
+        scaler = share.scaler.state_dict()
+        plain |= {f"{SCALER}.{k}": torch.tensor(float(v), dtype=torch.float64) for k, v in scaler.items()}
     if sharded is not None:
         plain |= sharded[0]
         out |= sharded[1]
@@ -293,6 +299,10 @@ def _apply(share: Share, fills: list[tuple[Part, torch.Tensor]], extras: dict[st
         elif k.startswith("buffer.") and k.removeprefix("buffer.") in share.buffers:
             share.buffers[k.removeprefix("buffer.")].copy_(v)
     load_copies(share.experts, share.stage, extras)
+    scaler = {k.removeprefix(f"{SCALER}."): v for k, v in extras.items() if k.startswith(f"{SCALER}.")}
+    if share.scaler is not None and scaler:
+        kinds = {k: type(v) for k, v in share.scaler.state_dict().items()}
+        share.scaler.load_state_dict({k: kinds.get(k, float)(v.item()) for k, v in scaler.items()})
     if share.experts.shards is not None:
         share.experts.shards.refresh()
     if "rng" in extras:
