@@ -109,6 +109,23 @@ def test_each_expert_is_stored_once_under_its_global_index(
     assert f"optim.exp_avg.{EXPERT}" in meta and "buffer.blocks.0.mlp.router.expert_bias" in meta
 
 
+def test_consolidate_gives_the_plain_model_every_expert(
+    runs: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from ringtree.train import checkpointer
+    from ringtree.train.models import build_model
+
+    root, out = runs
+    plain = build_model("moe")
+    plain.load_state_dict(
+        torch.load(checkpointer.consolidate(root / "ep4", tmp_path / "moe.pt"), weights_only=True)
+    )
+    for name, value in out["ep4"][1].items():
+        torch.testing.assert_close(
+            dict(plain.named_parameters())[name].detach(), value, rtol=0, atol=0, msg=name
+        )
+
+
 def test_the_loss_scale_and_the_token_counts_survive_a_checkpoint(tmp_path: Path) -> None:
     """--amp fp16's scaler (a CUDA run's; torch's CPU scaler here) and the dropped-token counts."""
     from ringtree.parallel import ExpertParallel, MoE
