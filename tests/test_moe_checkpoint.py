@@ -1,6 +1,7 @@
 """Checkpoints of expert-parallel runs: a run saved at step 4 and resumed ends bit-identical to one
-never stopped (EP 2 on 4 ranks, --zero 0 and 1); an EP 4 checkpoint (--zero 2) resumes at EP 2 and
-without EP with the same gathered experts, each expert stored once under its global index."""
+never stopped (EP 2 on 4 ranks, --zero 0 and 1); an EP 4 checkpoint (--zero 2) resumes at EP 2,
+without EP and at EP 2 on 2 ranks with the same gathered experts, each expert stored once under
+its global index; a dense checkpoint without EP resumes at EP 2."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def _fit(folder: str, **options: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    trainer = Trainer.from_config(TrainConfig(**SMALL, batch_size=16, checkpoint_dir=folder, **options))
+    options = {"batch_size": 16} | options
+    trainer = Trainer.from_config(TrainConfig(**SMALL, checkpoint_dir=folder, **options))
     return trainer.fit(), _params(trainer)
 
 
@@ -59,7 +61,13 @@ def _runs(rank: int, root: str) -> dict[str, Any]:
             shutil.copytree(f"{root}/ep4", f"{root}/ep4-at-{ep}")
         dist.barrier()
         out[f"at{ep}"] = _fit(f"{root}/ep4-at-{ep}", epochs=1, ep=ep, zero=0, resume=True)
+    out["dense"] = _fit(f"{root}/dense", epochs=1)  # no EP, --zero 0: a dense step-<N>.pt
+    out["dense-at2"] = _fit(f"{root}/dense", epochs=1, ep=2, resume=True)
     return out
+
+
+def _two_ranks(rank: int, root: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    return _fit(f"{root}/ep4-on-2", epochs=1, ep=2, zero=1, batch_size=32, resume=True)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +99,24 @@ def test_an_ep4_checkpoint_resumes_at_another_ep_with_the_same_experts(
     assert (saved_summary["ep"], summary["ep"]) == (4, ep)
     assert summary["resumed_from_step"] == saved_summary["steps"] == summary["steps"] == 4
     assert saved[EXPERT].shape[0] == 8
+    for name, value in saved.items():
+        torch.testing.assert_close(params[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_an_ep4_checkpoint_resumes_on_2_ranks_at_ep2(runs: tuple[Path, dict[str, Any]]) -> None:
+    root, out = runs
+    shutil.copytree(root / "ep4", root / "ep4-on-2")
+    summary, params = spawn(_two_ranks, 2, (str(root),), timeout_s=120)[0]
+    assert (summary["dp"], summary["ep"], summary["resumed_from_step"], summary["steps"]) == (2, 2, 4, 4)
+    for name, value in out["ep4"][1].items():
+        torch.testing.assert_close(params[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_dense_checkpoint_without_ep_resumes_at_ep2(runs: tuple[Path, dict[str, Any]]) -> None:
+    root, out = runs
+    assert any((root / "dense").glob("step-*.pt"))
+    (saved_summary, saved), (summary, params) = out["dense"], out["dense-at2"]
+    assert (saved_summary["ep"], summary["ep"], summary["resumed_from_step"]) == (1, 2, 4)
     for name, value in saved.items():
         torch.testing.assert_close(params[name], value, rtol=0, atol=0, msg=name)
 
