@@ -30,7 +30,7 @@ from ringtree.parallel.expert import ExpertParallel
 from ringtree.train import sharded_checkpoint
 from ringtree.train.checkpoint import CheckpointError
 from ringtree.train.layout import Place, chunks
-from ringtree.train.sharded_checkpoint import Key, Wanted
+from ringtree.train.sharded_checkpoint import Key, State, Wanted
 
 COPIES = "expert_parallel.copies"  # [dropped, routed] token copies over the run, per pipeline stage
 SCALER = "expert_parallel.scaler"  # --amp fp16's loss scale and its growth tracker
@@ -73,9 +73,11 @@ def expert_parts(
     places: dict[int, Place],
     kinds: list[str],
     owned: set[int] | None,
+    create: bool = False,
 ) -> Iterator[Part]:
     """The experts' weights (whole) and their optimizer states `kinds` (whole, or this rank's ZeRO
-    range of them), of the experts this rank's pipeline stage trains (`owned`: ids; None: all)."""
+    range of them), of the experts this rank's pipeline stage trains (`owned`: ids; None: all).
+    create: make the missing states (zeros, for a load to fill); else parts only of existing ones."""
     mine = [p for p in experts.params if owned is None or id(p) in owned]
     for p in mine:
         yield _whole("model", p, places[id(p)], p)
@@ -83,32 +85,42 @@ def expert_parts(
     if shards is None:
         for p in mine:
             for kind in kinds:
-                yield _whole(f"optim.{kind}", p, places[id(p)], _state(optimizer, p, kind))
+                if (state := _state(optimizer, p, kind, create)) is not None:
+                    yield _whole(f"optim.{kind}", p, places[id(p)], state)
         return
     lo, hi, offset = shards.rank * shards.size, (shards.rank + 1) * shards.size, 0
     for p in shards.params:
         a, c = max(offset, lo), min(offset + p.numel(), hi)
         if a < c and (owned is None or id(p) in owned):
             for kind in kinds:
-                flat = _state(optimizer, shards.shard, kind)
-                yield Part(f"optim.{kind}", places[id(p)], tuple(p.shape), a - offset, flat[a - lo : c - lo])
+                if (flat := _state(optimizer, shards.shard, kind, create)) is not None:
+                    yield Part(
+                        f"optim.{kind}", places[id(p)], tuple(p.shape), a - offset, flat[a - lo : c - lo]
+                    )
         offset += p.numel()
 
 
 def dense_parts(
-    params: list[nn.Parameter], optimizer: torch.optim.Optimizer, places: dict[int, Place], kinds: list[str]
+    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    places: dict[int, Place],
+    kinds: list[str],
+    create: bool = False,
 ) -> Iterator[Part]:
     """Parameters the optimizer steps whole (--zero 0), with their optimizer states `kinds`."""
     for p in params:
         yield _whole("model", p, places[id(p)], p)
         for kind in kinds:
-            yield _whole(f"optim.{kind}", p, places[id(p)], _state(optimizer, p, kind))
+            if (state := _state(optimizer, p, kind, create)) is not None:
+                yield _whole(f"optim.{kind}", p, places[id(p)], state)
 
 
-def _state(optimizer: torch.optim.Optimizer, p: torch.Tensor, kind: str) -> torch.Tensor:
-    """The optimizer's state `kind` of p (zeros where it has none yet: filled by a load)."""
+def _state(optimizer: torch.optim.Optimizer, p: torch.Tensor, kind: str, create: bool) -> torch.Tensor | None:
+    """The optimizer's state `kind` of p, flat; where it has none yet, zeros (create) or None."""
     state = optimizer.state[p]
     if kind not in state:
+        if not create:
+            return None
         state[kind] = torch.zeros_like(p)
     value: torch.Tensor = state[kind]
     return value.view(-1)
@@ -203,10 +215,12 @@ class Share:
     stage: int  # this rank's pipeline stage
     scaler: torch.amp.GradScaler | None = None  # --amp fp16's loss scaler
 
-    def parts(self, kinds: list[str]) -> list[Part]:
+    def parts(self, kinds: list[str], create: bool = False) -> list[Part]:
+        """The share's parts: its parameters and their optimizer states `kinds` (the missing ones
+        made, zero, with `create`: what a load fills)."""
         return [
-            *dense_parts(self.dense, self.optimizer, self.places, kinds),
-            *expert_parts(self.experts, self.optimizer, self.places, kinds, self.owned),
+            *dense_parts(self.dense, self.optimizer, self.places, kinds, create),
+            *expert_parts(self.experts, self.optimizer, self.places, kinds, self.owned, create),
         ]
 
     def stepped(self) -> list[torch.Tensor]:
@@ -219,9 +233,7 @@ class Share:
         return self.owned is None or id(p) in self.owned
 
 
-def state(
-    share: Share, sharded: tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]] | None
-) -> tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]]:
+def state(share: Share, sharded: State | None) -> State:
     """(plain entries, boxes, dense shapes) of the share, joined to a ZeRO run's `sharded` ones."""
     kinds, scalars = kinds_of(share.optimizer)
     out, sizes = boxes(share.parts(kinds))
@@ -254,16 +266,15 @@ def load_dense(
     share: Share, state: dict[str, Any], dense: list[tuple[str, tuple[int, ...]]], path: Path
 ) -> None:
     """Fill the share from a dense checkpoint (a run without EP and --zero 0 wrote it)."""
+    optim = state["optimizer"]["state"]
     saved = {f"model.{k}" for k in state["model"]}
-    kinds = sorted(
-        {
-            k
-            for s in state["optimizer"]["state"].values()
-            for k, v in s.items()
-            if isinstance(v, torch.Tensor) and v.dim()
-        }
-    )
-    saved |= {f"optim.{k}.{name}" for k in kinds for name, _ in dense}
+    saved |= {
+        f"optim.{k}.{name}"
+        for j, (name, _) in enumerate(dense)
+        for k, v in optim.get(j, {}).items()
+        if isinstance(v, torch.Tensor) and v.dim()
+    }
+    kinds = sorted({k.split(".")[1] for k in saved if k.startswith("optim.")})
     want, fills = _wanted(share, kinds, saved, path)
     from_dense(want, state, dense)
     extras: dict[str, Any] = {f"buffer.{k}": v for k, v in state["model"].items() if k in share.buffers}
@@ -281,7 +292,7 @@ def load_dense(
 def _wanted(
     share: Share, kinds: list[str], saved: set[str], path: Path
 ) -> tuple[Wanted, list[tuple[Part, torch.Tensor]]]:
-    parts = share.parts(kinds)
+    parts = share.parts(kinds, create=True)
     missing = next((p.place.name for p in parts if p.prefix == "model" and p.fqn not in saved), None)
     if missing is not None:
         raise CheckpointError(f"{path} has no values for parameter {missing}")

@@ -59,6 +59,7 @@ RECORD = "ringtree.json"
 _DIR = re.compile(r"^step-(\d+)\.dcp$")
 Key = tuple[str, tuple[int, ...]]  # (fqn, offsets in the dense tensor)
 Wanted = dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]  # fqn -> (offsets, box to fill)
+State = tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]]  # plain, boxes, shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +182,7 @@ def save_state(
     directory: str | Path,
     step: int,
     model_name: str,
-    state: tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]],
+    state: State,
     keep: int,
     layout: dict[str, int] | None = None,
     async_group: dist.ProcessGroup | None = None,
@@ -239,7 +240,7 @@ def state_of(
     optimizer: torch.optim.Optimizer,
     places: dict[int, Place],
     buffers: dict[str, torch.Tensor],
-) -> tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]]:
+) -> State:
     """(plain entries, this rank's boxes, each boxed tensor's dense shape), copied to the host."""
     plain: dict[str, Any] = {"rng": torch.get_rng_state()}
     plain |= {f"buffer.{k}": v.detach().cpu().clone() for k, v in buffers.items()}
