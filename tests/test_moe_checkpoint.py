@@ -135,6 +135,31 @@ def test_each_expert_is_stored_once_under_its_global_index(
     assert f"optim.exp_avg.{EXPERT}" in meta and "buffer.blocks.0.mlp.router.expert_bias" in meta
 
 
+COMPOSED = {  # 4 ranks: EP 2 over the 2 data-parallel ranks left
+    "tp2_zero1": {"tp": 2, "zero": 1, "batch_size": 32},
+    "pp2_zero0": {"pp": 2, "zero": 0, "micro_batches": 2},
+    "cp2_zero3": {"cp": 2, "zero": 3, "batch_size": 32},
+}
+
+
+def _composed(rank: int, root: str) -> dict[str, Any]:
+    out = {}
+    for name, options in COMPOSED.items():
+        whole = _fit(f"{root}/{name}", epochs=2, ep=2, **options)
+        _keep_only_step_4(rank, f"{root}/{name}", f"{root}/{name}-resumed")
+        resumed = _fit(f"{root}/{name}-resumed", epochs=2, ep=2, resume=True, **options)
+        out[name] = (whole[0], resumed[0])
+    return out
+
+
+@pytest.mark.slow
+def test_ep_with_tp_pp_and_cp_resumes_bit_identical(tmp_path: Path) -> None:
+    for name, (whole, resumed) in spawn(_composed, 4, (str(tmp_path),), timeout_s=300)[0].items():
+        assert resumed["resumed_from_step"] == 4 and resumed["steps"] == whole["steps"] == 8, name
+        for key in ("final_loss", "test_loss", "accuracy", "expert_load"):
+            assert resumed[key] == whole[key], (name, key)
+
+
 def test_consolidate_gives_the_plain_model_every_expert(
     runs: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
