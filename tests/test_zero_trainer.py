@@ -1,19 +1,24 @@
 """The trainer's --zero: ZeRO 1/2/3 end with --zero 0's parameters under DP 2 x PP 2 (1F1B and
-GPipe with accumulation), and the summary shows model_state_mb and peak_memory_mb."""
+GPipe with accumulation), the summary shows model_state_mb and peak_memory_mb; a sharded
+checkpoint keeps --amp fp16's loss scale."""
 
 from __future__ import annotations
 
 import shutil
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
+from ringtree.train import trainer as trainer_module
+from ringtree.train.techniques import MixedPrecision
 
 BASE = TrainConfig(epochs=1, batch_size=8, lr=1e-2, progress=False, pp=2, micro_batches=2, bucket_mb=0.0005)
 
@@ -86,3 +91,41 @@ def test_saved_at_4_ranks_resumes_at_2_dense_or_sharded(tmp_path: Path) -> None:
         s = results[0][name]
         assert s["dp"] == 2 and s["resumed_from_step"] == 3, (name, s["resumed_from_step"])  # 96 / (4 x 8)
         assert s["steps"] == 12 and s["final_loss"] < 10  # 2 epochs of 96 / (2 x 8), the first 3 done
+
+
+class _CpuLossScaling(MixedPrecision):
+    """--amp fp16's loss scaling with torch's CPU GradScaler (fp16 itself needs CUDA), autocast off;
+    its scale doubles every step, so that a scale restarted by a resume shows."""
+
+    made: ClassVar[list[_CpuLossScaling]] = []
+
+    def __init__(self, mode: str, device_type: str = "cpu") -> None:
+        super().__init__("off", device_type)
+        self.mode = "fp16"
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+        self.made.append(self)
+
+    def autocast(self) -> AbstractContextManager[object]:
+        return nullcontext()
+
+
+def test_a_sharded_checkpoint_keeps_the_fp16_loss_scale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZeRO 1, 2 epochs of 4 steps saved after each; resumed from step 4 at --zero 1 and --zero 0."""
+    monkeypatch.setattr(trainer_module, "MixedPrecision", _CpuLossScaling)
+    cfg = replace(BASE, pp=1, micro_batches=None, batch_size=24, epochs=2, zero=1)
+
+    def fit(folder: str, **changes: Any) -> tuple[dict[str, Any], float]:
+        run = replace(cfg, checkpoint_dir=str(tmp_path / folder), **changes)
+        summary = Trainer(_regressor(), _regression(), nn.MSELoss(), run).fit()
+        return summary, _CpuLossScaling.made[-1].scaler.get_scale()  # type: ignore[union-attr]
+
+    whole, scale = fit("whole")
+    assert whole["steps"] == 8 and scale == 8.0 * 2**8  # no step overflowed
+    for zero in (1, 0):
+        shutil.copytree(tmp_path / "whole", tmp_path / f"z{zero}")
+        shutil.rmtree(tmp_path / f"z{zero}" / "step-00000008.dcp")
+        resumed, resumed_scale = fit(f"z{zero}", zero=zero, resume=True)
+        assert resumed["resumed_from_step"] == 4 and resumed_scale == scale, zero
+        assert resumed["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-6), zero

@@ -139,8 +139,10 @@ class Checkpointer:
             state["optimizer"] = self._owned_state(state["optimizer"])
             tensor_parallel.load(self.net, self.optimizer, self.dense, state)
             torch.set_rng_state(state["rng"])
+            sharded_checkpoint.load_scaler(self.amp.scaler, state.get("scaler", {}))
         else:
-            sharded_checkpoint.load_sharded(path, zero, self.optimizer, self.places, self.net)
+            scaler = self.amp.scaler
+            sharded_checkpoint.load_sharded(path, zero, self.optimizer, self.places, self.net, scaler)
         if self.rank == 0 and cfg.progress:
             print(f"# resumed from {path} (step {record['step']})")
         return int(record["step"])
@@ -216,6 +218,7 @@ class Checkpointer:
                 keep,
                 self.layout,
                 self.async_group,
+                self.amp.scaler,
             )
             return
         self._save_dense(step)

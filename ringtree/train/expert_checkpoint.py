@@ -33,7 +33,6 @@ from ringtree.train.layout import Place, chunks
 from ringtree.train.sharded_checkpoint import Key, State, Wanted
 
 COPIES = "expert_parallel.copies"  # [dropped, routed] token copies over the run, per pipeline stage
-SCALER = "expert_parallel.scaler"  # --amp fp16's loss scale and its growth tracker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,9 +240,7 @@ def state(share: Share, sharded: State | None) -> State:
     plain |= {f"buffer.{k}": v.detach().cpu().clone() for k, v in share.buffers.items()}
     plain |= {f"optim_scalar.{k}": v for k, v in scalars.items()}
     plain |= save_copies(share.experts, share.stage)
-    if share.scaler is not None and share.scaler.is_enabled():
-        scaler = share.scaler.state_dict()
-        plain |= {f"{SCALER}.{k}": torch.tensor(float(v), dtype=torch.float64) for k, v in scaler.items()}
+    plain |= sharded_checkpoint.scaler_entries(share.scaler)
     if sharded is not None:
         plain |= sharded[0]
         out |= sharded[1]
@@ -310,10 +307,7 @@ def _apply(share: Share, fills: list[tuple[Part, torch.Tensor]], extras: dict[st
         elif k.startswith("buffer.") and k.removeprefix("buffer.") in share.buffers:
             share.buffers[k.removeprefix("buffer.")].copy_(v)
     load_copies(share.experts, share.stage, extras)
-    scaler = {k.removeprefix(f"{SCALER}."): v for k, v in extras.items() if k.startswith(f"{SCALER}.")}
-    if share.scaler is not None and scaler:
-        kinds = {k: type(v) for k, v in share.scaler.state_dict().items()}
-        share.scaler.load_state_dict({k: kinds.get(k, float)(v.item()) for k, v in scaler.items()})
+    sharded_checkpoint.load_scaler(share.scaler, sharded_checkpoint.scaler_state(extras))
     if share.experts.shards is not None:
         share.experts.shards.refresh()
     if "rng" in extras:

@@ -6,11 +6,13 @@ A save is a folder `step-<N>.dcp` written by DCP. Each parameter is one logical 
 flat range, cut by TP, as ringtree.train.layout maps it), and the optimizer's states the same way
 under `optim.<kind>.<name>`. A run at another TP, PP, ZeRO stage or DP size asks for the boxes
 it now holds and DCP's resharding reads the overlapping pieces; a dense model asks for whole
-tensors. `ringtree.json` inside the folder records the step, the model, the layout it was saved
-at and every file's size and SHA-256. The folder is written as `.step-<N>.dcp.tmp` and renamed,
-with its record, once every rank finished: a save cut short (or a crash during an asynchronous
-one) leaves the previous checkpoint the newest usable one. Loading walks from the newest to the
-oldest, skipping (and reporting) one whose files are missing or differ from the record.
+tensors. Beside the boxes it holds plain entries: the random state, the optimizer's scalars (Adam's
+step), the persistent buffers and, under --amp fp16, the loss scaler's state. `ringtree.json`
+inside the folder records the step, the model, the layout it was saved at and every file's size
+and SHA-256. The folder is written as `.step-<N>.dcp.tmp` and renamed, with its record, once
+every rank finished: a save cut short (or a crash during an asynchronous one) leaves the previous
+checkpoint the newest usable one. Loading walks from the newest to the oldest, skipping (and
+reporting) one whose files are missing or differ from the record.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ from ringtree.train.layout import Chunk, Place, chunks
 
 RECORD = "ringtree.json"
 _DIR = re.compile(r"^step-(\d+)\.dcp$")
+SCALER = "scaler"  # --amp fp16's loss scaler: its state_dict, one float64 scalar per entry
+_OLD_SCALER = "expert_parallel.scaler"  # where the first expert-parallel checkpoints kept it
 Key = tuple[str, tuple[int, ...]]  # (fqn, offsets in the dense tensor)
 Wanted = dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]  # fqn -> (offsets, box to fill)
 State = tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]]  # plain, boxes, shapes
@@ -168,14 +172,16 @@ def save(
     keep: int,
     layout: dict[str, int] | None = None,
     async_group: dist.ProcessGroup | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Future[Any] | None:
     """Every rank writes its pieces (collective over the world); rank 0 seals and prunes.
 
     With `async_group` (a process group of its own) the files are written by DCP's asynchronous
-    save while training goes on: the returned future is done once the save is sealed."""
-    return save_state(
-        directory, step, model_name, state_of(sdp, optimizer, places, buffers), keep, layout, async_group
-    )
+    save while training goes on: the returned future is done once the save is sealed. `scaler`:
+    --amp fp16's loss scaler, saved beside the rest."""
+    state = state_of(sdp, optimizer, places, buffers)
+    state[0].update(scaler_entries(scaler))
+    return save_state(directory, step, model_name, state, keep, layout, async_group)
 
 
 def save_state(
@@ -262,6 +268,33 @@ def state_of(
             for chunk in piece.chunks():
                 boxes[(fqn, chunk.offsets)] = chunk.view(values).cpu().clone()
     return plain, boxes, sizes
+
+
+def scaler_entries(scaler: torch.amp.GradScaler | None) -> dict[str, torch.Tensor]:
+    """--amp fp16's loss scaler (scale, growth tracker, factors, interval) as plain entries; none
+    without a scaler or with a disabled one."""
+    if scaler is None or not scaler.is_enabled():
+        return {}
+    return {
+        f"{SCALER}.{k}": torch.tensor(float(v), dtype=torch.float64) for k, v in scaler.state_dict().items()
+    }
+
+
+def scaler_state(entries: dict[str, Any]) -> dict[str, float]:
+    """The loss scaler's state_dict among a checkpoint's plain entries (empty: none was saved)."""
+    out: dict[str, float] = {}
+    for prefix in (f"{_OLD_SCALER}.", f"{SCALER}."):
+        out |= {k.removeprefix(prefix): float(v) for k, v in entries.items() if k.startswith(prefix)}
+    return out
+
+
+def load_scaler(scaler: torch.amp.GradScaler | None, state: dict[str, float]) -> None:
+    """Restore a scaler_state into `scaler` (each entry of the type the scaler keeps it in); nothing
+    without a scaler, or when the checkpoint has no scaler's state (a run without --amp fp16)."""
+    if scaler is None or not scaler.is_enabled() or not state:
+        return
+    kinds = {k: type(v) for k, v in scaler.state_dict().items()}
+    scaler.load_state_dict({k: kinds.get(k, float)(v) for k, v in state.items()})
 
 
 def digest(path: Path) -> dict[str, Any]:
@@ -375,7 +408,7 @@ def plain_entries(path: Path) -> dict[str, torch.Tensor]:
     to be filled)."""
     out = {}
     for k, (shape, dtype) in tensors(path).items():
-        if k == "rng" or k.startswith(("optim_scalar.", "buffer.", "expert_parallel.")):
+        if k == "rng" or k.startswith(("optim_scalar.", "buffer.", "expert_parallel.", f"{SCALER}.")):
             out[k] = torch.empty(shape, dtype=dtype)
     return out
 
@@ -386,8 +419,10 @@ def load_sharded(
     optimizer: torch.optim.Optimizer,
     places: dict[int, Place],
     module: nn.Module,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> None:
-    """Resume a ZeRO run (any TP, PP, DP size and stage) from a sharded checkpoint."""
+    """Resume a ZeRO run (any TP, PP, DP size and stage) from a sharded checkpoint (and `scaler`,
+    --amp fp16's loss scaler, where it saved one)."""
     saved = tensors(path)
     kinds = sorted({k.split(".")[1] for k in saved if k.startswith("optim.")})
     mine = list(pieces(sdp, places))
@@ -419,6 +454,7 @@ def load_sharded(
                 if k.startswith("optim_scalar."):
                     optimizer.state[b.shard][k.removeprefix("optim_scalar.")] = v.clone()
     load_buffers(module, {k.removeprefix("buffer."): v for k, v in extras.items() if k.startswith("buffer.")})
+    load_scaler(scaler, scaler_state(extras))
     torch.set_rng_state(extras["rng"])
 
 
@@ -426,7 +462,8 @@ def dense_state(
     path: Path, dense: list[tuple[str, tuple[int, ...]]], optimizer: torch.optim.Optimizer | None
 ) -> dict[str, Any]:
     """A sharded checkpoint assembled into the dense form `checkpoint.load` returns (`dense`: the
-    dense model's parameters in order, which keys the optimizer's state)."""
+    dense model's parameters in order, which keys the optimizer's state; "scaler": the loss
+    scaler's scaler_state, where it saved one)."""
     saved = tensors(path)
     kinds = sorted({k.split(".")[1] for k in saved if k.startswith("optim.")})
     wanted: Wanted = {}
@@ -448,13 +485,16 @@ def dense_state(
             per_param[j] = state | {k: v.clone() for k, v in scalars.items()}
     record = json.loads((path / RECORD).read_text())
     groups = [] if optimizer is None else optimizer.state_dict()["param_groups"]
-    return {
+    out: dict[str, Any] = {
         "step": record["step"],
         "model_name": record["model_name"],
         "model": model,
         "optimizer": {"state": per_param, "param_groups": groups},
         "rng": extras["rng"],
     }
+    if scaler := scaler_state(extras):
+        out["scaler"] = scaler
+    return out
 
 
 def consolidate(path: Path) -> dict[str, torch.Tensor]:
