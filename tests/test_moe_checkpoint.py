@@ -138,6 +138,7 @@ def test_each_expert_is_stored_once_under_its_global_index(
 COMPOSED = {  # 4 ranks: EP 2 over the 2 data-parallel ranks left
     "tp2_zero1": {"tp": 2, "zero": 1, "batch_size": 32},
     "pp2_zero0": {"pp": 2, "zero": 0, "micro_batches": 2},
+    "pp2_zero1": {"pp": 2, "zero": 1, "micro_batches": 2},  # each stage's experts sharded alone
     "cp2_zero3": {"cp": 2, "zero": 3, "batch_size": 32},
 }
 

@@ -1,5 +1,5 @@
 """--model moe in the trainer: MoE x EP x ZeRO x TP x PP, and MoE x CP x EP (EP over DP x CP), train
-to the losses of one process."""
+to the losses of one process; under PP each stage steps and shards only its own experts."""
 
 from __future__ import annotations
 
@@ -89,3 +89,48 @@ def test_the_expert_bias_moves_toward_the_underloaded_experts_at_the_step() -> N
         assert parallel.load == 4.0 and layer.router.tokens_per_expert.sum() == 0
     finally:
         dist.destroy_process_group()
+
+
+def _stage_experts(rank: int) -> dict[str, Any]:
+    """EP 2 x PP 2 x ZeRO 1 on 4 ranks, parallelized: which experts this rank steps and shards."""
+    import torch
+    import torch.nn.functional as F
+
+    from ringtree.parallel import Mesh
+    from ringtree.parallel.expert import expert_parameters
+    from ringtree.train.loss import TrainingLoss
+    from ringtree.train.models import build_model
+    from ringtree.train.parallelize import parallelize
+    from ringtree.train.techniques import MixedPrecision
+
+    cfg = TrainConfig(**SMALL, ep=2, zero=1, pp=2, micro_batches=2, batch_size=16)
+    mesh = Mesh(pp=2)
+    net = build_model("moe")
+    loss = TrainingLoss(F.cross_entropy, cfg, None, MixedPrecision("off", "cpu"))
+    made = parallelize(
+        net, cfg, mesh, torch.device("cpu"), loss=loss, sample=lambda: torch.zeros(16, 8).long()
+    )
+    assert made.pipe is not None and made.experts is not None and made.experts.shards is not None
+    names = {id(p): n for n, p in net.named_parameters()}
+    stage = made.pipe.stages[mesh.pp_rank]
+    return {
+        "stage": mesh.pp_rank,
+        "own": sorted(names[id(p)] for p in expert_parameters(stage)),
+        "all": sorted(names[id(p)] for p in expert_parameters(net)),
+        "stepped": sorted(names[id(p)] for p in made.experts.params),
+        "sharded": sorted(names[id(p)] for p in made.experts.shards.params),
+        "elements": made.experts.shards.numel,
+        "own_elements": sum(p.numel() for p in expert_parameters(stage)),
+        "shard": made.experts.shards.shard.numel(),
+    }
+
+
+def test_under_pp_a_stage_steps_and_shards_only_its_own_experts() -> None:
+    """Another stage's experts get no gradient here: in the shard, weight decay alone would move them."""
+    results = spawn(_stage_experts, 4, timeout_s=120)
+    assert [r["stage"] for r in results] == [0, 1, 0, 1]
+    for r in results:
+        assert r["own"] and r["own"] != r["all"]  # each stage holds some of the MoE layers
+        assert r["stepped"] == r["sharded"] == r["own"]
+        assert r["elements"] == r["shard"] == r["own_elements"]  # DP 2 = EP 2: EDP groups of 1
+    assert sorted(results[0]["own"] + results[1]["own"]) == results[0]["all"]

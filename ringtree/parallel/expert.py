@@ -20,7 +20,8 @@ ZeRO. With `shard_states()` (the trainer's --zero 1-3) the optimizer steps, inst
 expert parameters, this rank's 1/k of them flattened (k: the EDP group's size): before the step
 the gradients are reduce-scattered over the EDP group (and divided by D), after it the stepped
 shards are all-gathered back into the experts. The experts' optimizer states are so sharded over
-their EDP group, as ZeRO-1 does; their parameters and gradients stay whole.
+their EDP group, as ZeRO-1 does; their parameters and gradients stay whole. Under pipeline
+parallelism (`restrict(stage)`) a rank reduces, steps and shards only its stage's experts.
 
 Balancing. Before every optimizer step (an optimizer pre-hook, so gradient accumulation works)
 each router's token counts of the step are summed over the data group and its expert bias moves
@@ -75,6 +76,8 @@ class ExpertParallel:
     model = ep.apply(model)            # this rank's experts, all-to-all dispatch
     ep.register(optimizer)             # expert gradients and router biases before each step
     ```
+    `params` are the experts this rank reduces and steps: this rank's share of every MoE layer's,
+    or, once `restrict(stage)` ran (pipeline parallelism), of its stage's layers only.
     data_groups: the groups of ranks that hold the same dense shard (default: the whole world);
     data_group: this rank's one, if already made (its counts are summed over it).
     """
@@ -125,6 +128,13 @@ class ExpertParallel:
             mine.allreduce = False  # type: ignore[attr-defined]
             setattr(layer.experts, name, mine)
         layer.dispatcher = AllToAllDispatcher(self.ep_group, self.algorithm)
+
+    def restrict(self, stage: nn.Module) -> None:
+        """Reduce, step and shard only the experts `stage` holds (under pipeline parallelism, this
+        rank's stage: another stage's experts get no gradient here, and are that stage's ranks' to
+        step); before shard_states(). The layers stay all of the model's (their counts, their stats)."""
+        mine = {id(p) for p in stage.parameters()}
+        self.params = [p for p in self.params if id(p) in mine]
 
     def shard_states(self, algorithm: str = "ring") -> list[nn.Parameter]:
         """What the optimizer steps for the experts with their states sharded over the EDP group

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ringtree.parallel.expert import ExpertParallel
+from ringtree.parallel.expert import EXPERT_WEIGHTS, ExpertParallel
 from ringtree.train import sharded_checkpoint
 from ringtree.train.checkpoint import CheckpointError
 from ringtree.train.layout import Place, chunks
@@ -52,10 +52,11 @@ class Part:
 
 
 def expert_places(places: dict[int, Place], experts: ExpertParallel) -> dict[int, Place]:
-    """`places` with every split expert weight cut on dim 0 as EP cut it (rank ep_rank of ep)."""
+    """`places` with every split expert weight (of every MoE layer, whichever pipeline stage holds
+    it) cut on dim 0 as EP cut it (rank ep_rank of ep)."""
     if experts.ep == 1:
         return places
-    split = {id(p) for p in experts.params}
+    split = {id(getattr(layer.experts, name)) for layer in experts.layers for name in EXPERT_WEIGHTS}
     return {
         k: dataclasses.replace(v, dim=0, stride=1, rank=experts.ep_rank, tp=experts.ep) if k in split else v
         for k, v in places.items()

@@ -10,7 +10,8 @@
    segments never span two stages;
    then expert parallelism: every MoE layer keeps this rank's experts (--ep) and dispatches by
    all-to-all over its EP group (ringtree/parallel/expert.py);
-3. the pipeline cut: pp stages, or pp x V chunks with this rank's V under interleaved 1F1B;
+3. the pipeline cut: pp stages, or pp x V chunks with this rank's V under interleaved 1F1B; the
+   experts this rank reduces, steps and shards (ExpertParallel.params) become its stage's only;
 4. data parallelism over the DP group (DP x CP under --cp: the CP ranks hold the same parameters
    and different tokens): ringtree's DistributedDataParallel (--zero 0) or ShardedDataParallel
    (--zero 1-3), one per stage or chunk; the master-rank `--mode dp` and the
@@ -105,6 +106,8 @@ def parallelize(
     net.to(device)
     if cfg.pp > 1:  # 2.-4. cut, then each stage checkpointed and in DP
         pipe, segments = _pipeline(net, cfg, mesh, device, loss, sample)
+        if experts is not None:  # this stage's experts: the others' are their stages' to step
+            experts.restrict(pipe.stages[mesh.pp_rank])
         return _result(net, None, None, pipe, segments, experts)
     body, segments = _checkpointed(net, cfg)  # 2.
     if cfg.mode == "dp":  # 4.
