@@ -344,10 +344,15 @@ OUTPUTS: dict[str, Output] = {
             ),
             "a2a_time_s": (
                 "with MoE layers: mean seconds per step in the token dispatch's all-to-alls (counts, "
-                "dispatch, combine and their backwards), the slowest rank's"
+                "dispatch, combine and their backwards), each from its start to its end, whether the "
+                "training thread waited or computed meanwhile; the slowest rank's"
             ),
             "a2a_exposed_s": (
-                "with MoE layers: the part of it nothing overlapped (all of it today: the dispatch blocks)"
+                "with MoE layers: mean seconds per step the training thread waited for those "
+                "all-to-alls, the slowest rank's: all of a blocking one; of a dispatch or combine "
+                "overlapped with the shared experts (`--moe-shared-expert-overlap`, on under `--ep` "
+                "with `--shared-experts`), only the part that outlasted them. At most `a2a_time_s` "
+                "on each rank"
             ),
             "devices": "under `--mode dp-threads`: the devices",
             "device_held_bytes": "under `--mode dp-threads`: what each device held in the last step",

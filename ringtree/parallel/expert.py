@@ -80,6 +80,8 @@ class ExpertParallel:
     or, once `restrict(stage)` ran (pipeline parallelism), of its stage's layers only.
     data_groups: the groups of ranks that hold the same dense shard (default: the whole world);
     data_group: this rank's one, if already made (its counts are summed over it).
+    overlap: compute shared experts while the dispatch and combine all-to-alls travel
+    (`AllToAllDispatcher`); False: each all-to-all blocks first.
     """
 
     def __init__(
@@ -89,11 +91,12 @@ class ExpertParallel:
         *,
         data_group: dist.ProcessGroup | None = None,
         algorithm: str = "auto",
+        overlap: bool = True,
     ) -> None:
         rank = dist.get_rank()
         groups = data_groups or [list(range(dist.get_world_size()))]
         ep_groups, edp_groups = fold(groups, ep)
-        self.ep, self.algorithm = ep, algorithm
+        self.ep, self.algorithm, self.overlap = ep, algorithm, overlap
         self.ep_ranks, self.ep_group = _new_groups(ep_groups, rank)
         self.edp_ranks, self.edp_group = _new_groups(edp_groups, rank)
         self.ep_rank = self.ep_ranks.index(rank)
@@ -127,7 +130,7 @@ class ExpertParallel:
             mine = nn.Parameter(whole.detach()[first : first + local].clone())
             mine.allreduce = False  # type: ignore[attr-defined]
             setattr(layer.experts, name, mine)
-        layer.dispatcher = AllToAllDispatcher(self.ep_group, self.algorithm)
+        layer.dispatcher = AllToAllDispatcher(self.ep_group, self.algorithm, self.overlap)
 
     def restrict(self, stage: nn.Module) -> None:
         """Reduce, step and shard only the experts `stage` holds (under pipeline parallelism, this

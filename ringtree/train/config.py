@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "router_score": "softmax",
     "router_aux_loss": 0.0,  # 0: balance by the expert bias, no auxiliary loss
     "a2a_algorithm": "auto",
+    "moe_shared_expert_overlap": True,  # Megatron-Core's --moe-shared-expert-overlap
 }
 MOE_OPTIONS = (
     "experts",
@@ -220,6 +221,10 @@ class TrainConfig:
         "The token dispatch's all-to-all: auto, pairwise, bruck, linear, hierarchical, native "
         "(needs --ep) [auto].",
     )
+    moe_shared_expert_overlap: bool | None = _opt(
+        None,
+        "Compute the shared experts while the token all-to-alls travel (needs --ep and shared experts) [on].",
+    )
 
     def __post_init__(self) -> None:
         validate(self)
@@ -346,6 +351,22 @@ def _check_moe_values(cfg: TrainConfig) -> None:
         )
 
 
+def _check_shared_overlap(cfg: TrainConfig) -> None:
+    """--(no-)moe-shared-expert-overlap needs all-to-alls (--ep) and shared experts beside them."""
+    if cfg.moe_shared_expert_overlap is None:
+        return
+    if cfg.ep == 1:
+        raise ValueError(
+            "--moe-shared-expert-overlap/--no-moe-shared-expert-overlap overlaps the all-to-alls of "
+            "--ep ranks; add --ep 2 or more, or drop it"
+        )
+    if cfg.model == "moe" and not cfg.get("shared_experts"):
+        raise ValueError(
+            "--moe-shared-expert-overlap/--no-moe-shared-expert-overlap overlaps the shared experts, "
+            "which --model moe has without --shared-experts 1 or more; add it, or drop the option"
+        )
+
+
 def _check_moe(cfg: TrainConfig) -> None:
     """MoE options need --model moe; --ep splits the experts and needs DDP's data parallelism."""
     given = [flag(name) for name in MOE_OPTIONS if getattr(cfg, name) is not None]
@@ -353,6 +374,7 @@ def _check_moe(cfg: TrainConfig) -> None:
         raise ValueError(f"{given[0]} configures --model moe's layers; drop it or add --model moe")
     if cfg.a2a_algorithm is not None and cfg.ep == 1:
         raise ValueError("--a2a-algorithm dispatches tokens among --ep ranks; add --ep 2 or more, or drop it")
+    _check_shared_overlap(cfg)
     if cfg.ep == 1:
         return
     if cfg.model == "moe" and cfg.get("experts") % cfg.ep:
@@ -651,6 +673,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("capacity_factor")  # dropless
     if cfg.ep == 1:
         dropped.add("a2a_algorithm")
+    if cfg.ep == 1 or (cfg.model == "moe" and not cfg.get("shared_experts")):
+        dropped.add("moe_shared_expert_overlap")  # nothing beside the all-to-alls to overlap
     return {k: v for k, v in out.items() if k not in dropped}
 
 

@@ -52,25 +52,30 @@ class Meter:
 
 
 def moe_metrics(
-    experts: ExpertParallel, a2a_s: list[float], device: torch.device | str = "cpu"
+    experts: ExpertParallel, a2a_s: list[tuple[float, float]], device: torch.device | str = "cpu"
 ) -> dict[str, Any]:
     """The MoE layers' figures, the worst rank's (a collective): experts and top-k of the layers, the
     last step's max / mean tokens per expert in its worst layer, the fraction of token copies the
-    capacity dropped over the run, and the mean seconds per step in all-to-alls (after warm-up).
+    capacity dropped over the run, and the mean seconds per step (after warm-up) in all-to-alls and
+    of those the training thread waited for (a2a_s: one (seconds, waited) pair a step).
 
-    The dispatch's all-to-alls block the training thread (nothing overlaps them yet), so all of
-    their time is exposed: a2a_exposed_s equals a2a_time_s.
+    Each is the slowest rank's on its own. A blocking exchange is waited for all along; one started
+    beside the shared experts (`AllToAllDispatcher(overlap=True)`) only while it outlasts them.
     """
     skip = 1 if len(a2a_s) > 1 else 0
-    mean = sum(a2a_s[skip:]) / max(1, len(a2a_s) - skip)
-    worst = torch.tensor([experts.load, experts.dropped_fraction(), mean], dtype=torch.float64, device=device)
+    steps = max(1, len(a2a_s) - skip)
+    mean = sum(s for s, _ in a2a_s[skip:]) / steps
+    waited = sum(w for _, w in a2a_s[skip:]) / steps
+    worst = torch.tensor(
+        [experts.load, experts.dropped_fraction(), mean, waited], dtype=torch.float64, device=device
+    )
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    load, dropped, a2a = worst.tolist()
+    load, dropped, a2a, exposed = worst.tolist()
     return {
         "experts": max(layer.num_experts for layer in experts.layers),
         "top_k": max(layer.top_k for layer in experts.layers),
         "expert_load": load,
         "tokens_dropped": dropped,
         "a2a_time_s": a2a,
-        "a2a_exposed_s": a2a,
+        "a2a_exposed_s": exposed,
     }

@@ -127,7 +127,11 @@ def _experts(net: nn.Module, cfg: TrainConfig, mesh: Mesh) -> ExpertParallel | N
     if not moe_layers(net) or cfg.mode != "ddp":
         return None  # --mode dp and dp-threads: one optimizer over the whole model, bias kept as is
     made = ExpertParallel(
-        cfg.ep, mesh.shape.dp_cp_groups(), data_group=mesh.dp_cp_group, algorithm=cfg.get("a2a_algorithm")
+        cfg.ep,
+        mesh.shape.dp_cp_groups(),
+        data_group=mesh.dp_cp_group,
+        algorithm=cfg.get("a2a_algorithm"),
+        overlap=bool(cfg.get("moe_shared_expert_overlap")),
     )
     made.apply(net)
     return made

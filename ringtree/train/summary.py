@@ -49,7 +49,7 @@ MOE_KEYS = (  # a model with MoE layers
     "expert_load",  # max / mean tokens per expert, the last step's worst layer (1: balanced)
     "tokens_dropped",  # fraction of token copies the capacity dropped over the run
     "a2a_time_s",  # seconds per step in the token dispatch's all-to-alls, slowest rank
-    "a2a_exposed_s",  # of it, the part nothing overlapped
+    "a2a_exposed_s",  # seconds per step the training thread waited for them, slowest rank
 )
 PIPELINE_KEYS = (
     "bubble_fraction",

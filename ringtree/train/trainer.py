@@ -214,7 +214,7 @@ class _Run:
         )
         if self.parallel.experts is not None:  # expert gradients and router biases before each step
             self.parallel.experts.register(self.optimizer)
-        self.a2a_s: list[float] = []  # per step: seconds in the MoE layers' all-to-alls
+        self.a2a_s: list[tuple[float, float]] = []  # per step: all-to-all seconds, and those waited for
         self.checkpointer = Checkpointer(
             cfg, self.net, self.optimizer, self.parallel, self.mesh, self.amp, trainer.names["model"], dense
         )
@@ -334,7 +334,7 @@ class _Run:
         return 1
 
     def _train_unit(self, unit: list[Any]) -> None:
-        start, a2a = time.perf_counter(), A2A_CLOCK.seconds
+        start, a2a, a2a_exposed = time.perf_counter(), A2A_CLOCK.seconds, A2A_CLOCK.exposed
         self.loss.reset()
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipe is None:
@@ -343,7 +343,7 @@ class _Run:
             samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
         elapsed = time.perf_counter() - start
         self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
-        self.a2a_s.append(A2A_CLOCK.seconds - a2a)
+        self.a2a_s.append((A2A_CLOCK.seconds - a2a, A2A_CLOCK.exposed - a2a_exposed))
         held = memory.model_state_bytes(self.net, self.optimizer)
         self.model_state_bytes = max(self.model_state_bytes, held)
         if self.stragglers is not None:  # own work: the step less the wait for the others' gradients

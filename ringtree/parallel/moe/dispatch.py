@@ -16,18 +16,32 @@ rows are also rank-major), a step of one MoE layer (torchtitan's AllToAllTokenDi
 The gate weights never travel: the sender multiplies the returning rows by them and adds the k
 copies of each token. In backward each data all-to-all runs once more with its splits swapped:
 four data all-to-alls and one counts exchange per layer and micro-batch.
+
+Work beside the exchanges (`Beside`: the layer's shared experts, which need none of the routed
+rows) runs in two halves, one while the dispatch travels and one while the combine does
+(Megatron-Core's shared-expert overlap); with `overlap=False`, or without expert parallelism,
+each half runs after its exchange, in the same order, so the results are the same bits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
-from ringtree.parallel.moe.alltoall import exchange, exchange_counts, transpose
+from ringtree.parallel.moe.alltoall import Matrix, exchange, exchange_beside, exchange_counts, transpose
 
 Experts = Callable[[torch.Tensor, list[int]], torch.Tensor]  # (expert-major rows, counts) -> rows
+
+
+class Beside(Protocol):
+    """Work independent of the routed rows, in two halves the dispatcher runs in order."""
+
+    def during_dispatch(self) -> None: ...
+
+    def during_combine(self) -> None: ...
 
 
 def sort_by_expert(
@@ -66,26 +80,46 @@ class LocalDispatcher:
 
     ranks = 1
 
-    def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: Experts) -> torch.Tensor:
-        return experts(rows, counts.tolist())
+    def __call__(
+        self, rows: torch.Tensor, counts: torch.Tensor, experts: Experts, beside: Beside | None = None
+    ) -> torch.Tensor:
+        if beside is not None:
+            beside.during_dispatch()
+        out = experts(rows, counts.tolist())
+        if beside is not None:
+            beside.during_combine()
+        return out
 
 
 class AllToAllDispatcher:
-    """Expert parallelism over `group`: counts exchange, dispatch, permute, experts, combine."""
+    """Expert parallelism over `group`: counts exchange, dispatch, permute, experts, combine.
 
-    def __init__(self, group: dist.ProcessGroup | None, algorithm: str = "auto") -> None:
-        self.group, self.algorithm = group, algorithm
+    overlap: run the `beside` work while the dispatch and the combine travel (a background thread,
+    or torch's asynchronous work for `native`); False: each exchange blocks, then its half runs.
+    """
+
+    def __init__(
+        self, group: dist.ProcessGroup | None, algorithm: str = "auto", overlap: bool = True
+    ) -> None:
+        self.group, self.algorithm, self.overlap = group, algorithm, overlap
         self.ranks = dist.get_world_size(group)
 
-    def __call__(self, rows: torch.Tensor, counts: torch.Tensor, experts: Experts) -> torch.Tensor:
+    def __call__(
+        self, rows: torch.Tensor, counts: torch.Tensor, experts: Experts, beside: Beside | None = None
+    ) -> torch.Tensor:
         """rows [N, d] sorted by (global) expert, counts [E] -> the experts' outputs in the same order."""
         p, me = self.ranks, dist.get_rank(self.group)
         every = exchange_counts(counts, self.algorithm, self.group).cpu()  # [P, E]; the one host sync
         per_rank = every.view(p, p, -1)  # [source, destination rank, its local expert]
         matrix = per_rank.sum(2).tolist()  # rows source i sends destination j
         received = per_rank[:, me]  # [source, my local expert]
-        arrived = exchange(rows, matrix, self.algorithm, self.group)  # source-rank major
+        arrived = self._exchange(rows, matrix, beside.during_dispatch if beside else None)  # by source
         order = expert_major(received).to(rows.device)
         out = experts(arrived[order], received.sum(0).tolist())
         back = out[inverse(order)]  # source-rank major again
-        return exchange(back, transpose(matrix), self.algorithm, self.group)
+        return self._exchange(back, transpose(matrix), beside.during_combine if beside else None)
+
+    def _exchange(self, rows: torch.Tensor, matrix: Matrix, work: Callable[[], None] | None) -> torch.Tensor:
+        if work is None:
+            return exchange(rows, matrix, self.algorithm, self.group)
+        return exchange_beside(rows, matrix, self.algorithm, self.group, work, self.overlap)

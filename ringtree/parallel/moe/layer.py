@@ -4,8 +4,10 @@
 
 Router (router.py) -> dispatch (dispatch.py: locally, or by all-to-all over expert-parallel
 ranks) -> SwiGLU experts (experts.py) -> combine, weighted on the sending rank in fp32 ->
-plus the optional shared experts, which see every token. `ExpertParallel` (ringtree.parallel.
-expert) swaps the dispatcher and keeps this rank's slice of the experts; nothing else changes.
+plus the optional shared experts, which see every token: their first half (gate and up, the
+activation) runs while the dispatch travels, their down projection while the combine does.
+`ExpertParallel` (ringtree.parallel.expert) swaps the dispatcher and keeps this rank's slice of
+the experts; nothing else changes.
 """
 
 from __future__ import annotations
@@ -28,8 +30,28 @@ class SharedExperts(nn.Module):
         self.w_down = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = nn.functional.silu(self.w_gate(x)) * self.w_up(x)
-        return self.w_down(h)  # type: ignore[no-any-return]
+        return self.w_down(self.hidden(x))  # type: ignore[no-any-return]
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x): the part before the down projection."""
+        h: torch.Tensor = nn.functional.silu(self.w_gate(x)) * self.w_up(x)
+        return h
+
+
+class SharedWork:
+    """The shared experts on tokens h, in the two halves a dispatcher runs beside its exchanges."""
+
+    def __init__(self, shared: SharedExperts, h: torch.Tensor) -> None:
+        self.shared, self.h = shared, h
+        self.hidden: torch.Tensor | None = None
+        self.out: torch.Tensor | None = None
+
+    def during_dispatch(self) -> None:
+        self.hidden = self.shared.hidden(self.h)
+
+    def during_combine(self) -> None:
+        assert self.hidden is not None, "during_dispatch runs first"
+        self.out = self.shared.w_down(self.hidden)
 
 
 class MoE(nn.Module):
@@ -77,12 +99,14 @@ class MoE(nn.Module):
         routing, aux = self.router(h)
         order, counts = sort_by_expert(routing.experts, routing.keep, self.num_experts)
         token = order // self.top_k  # the token of each sorted copy
-        rows = self.dispatcher(h[token], counts, self.experts)  # [N, d], same order
+        shared = SharedWork(self.shared, h) if self.shared is not None else None
+        rows = self.dispatcher(h[token], counts, self.experts, shared)  # [N, d], same order
         weights = routing.weights.flatten()[order, None]  # fp32, kept on this rank
         out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
         out = out.index_add(0, token, rows.float() * weights).to(x.dtype)
-        if self.shared is not None:
-            out = out + self.shared(h)
+        if shared is not None:
+            assert shared.out is not None, "the dispatcher runs both halves"
+            out = out + shared.out
         if aux is not None:
             out = AttachAux.apply(out, aux)  # type: ignore[no-untyped-call]
         return out.view(shape)
