@@ -34,6 +34,14 @@ CASES: list[tuple[list[str], str]] = [
         ["train", "--model", "moe", "--ep", "2", "--a2a-algorithm", "ring", "--nproc", "2"],
         "a2a_algorithm 'ring'",
     ),
+    (
+        ["train", "--model", "moe", "--shared-experts", "1", "--no-moe-shared-expert-overlap"],
+        "--moe-shared-expert-overlap/--no-moe-shared-expert-overlap overlaps the all-to-alls of --ep ranks",
+    ),
+    (
+        ["train", "--model", "moe", "--ep", "2", "--nproc", "2", "--moe-shared-expert-overlap"],
+        "which --model moe has without --shared-experts 1 or more",
+    ),
     (["train", "--model", "moe", "--router-score", "relu"], "unknown router_score 'relu'"),
     (["show", "moe-dispatch", "--ranks", "3"], "--ranks 3 must divide --experts 8"),
     (["show", "ring", "--experts", "4"], "--experts does not apply to ring"),
