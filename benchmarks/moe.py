@@ -81,24 +81,25 @@ def measure(parallel: ExpertParallel, variant: str, setup: Setup) -> dict[str, f
     for _ in range(setup.warmup):
         step()
     dist.barrier()
-    start, a2a, a2a_cpu, cpu = time.perf_counter(), CLOCK.seconds, CLOCK.cpu_seconds, _process_cpu_s()
+    start, a2a, waited = time.perf_counter(), CLOCK.seconds, CLOCK.exposed
+    a2a_cpu, cpu = CLOCK.cpu_seconds, _process_cpu_s()
     for _ in range(setup.steps):
         step()
     elapsed, cpu_s = time.perf_counter() - start, _process_cpu_s() - cpu
-    mine = [elapsed, CLOCK.seconds - a2a, cpu_s, CLOCK.cpu_seconds - a2a_cpu]
-    slowest = torch.tensor(mine[:2], dtype=torch.float64)
+    mine = [elapsed, CLOCK.seconds - a2a, CLOCK.exposed - waited, cpu_s, CLOCK.cpu_seconds - a2a_cpu]
+    slowest = torch.tensor(mine[:3], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    work = torch.tensor(mine[2:], dtype=torch.float64)
+    work = torch.tensor(mine[3:], dtype=torch.float64)
     dist.all_reduce(work)
-    seconds, a2a_s = slowest.tolist()
+    seconds, a2a_s, exposed_s = slowest.tolist()
     cpu_s, a2a_cpu_s = (w / dist.get_world_size() / setup.steps for w in work.tolist())
     return {
         "samples_per_s": setup.sequences * dist.get_world_size() * setup.steps / seconds,
         "step_time_s": seconds / setup.steps,
         "a2a_time_s": a2a_s / setup.steps,
-        "a2a_exposed_fraction": a2a_s / seconds,
+        "a2a_exposed_fraction": exposed_s / seconds,  # waited for (all of it: no shared experts here)
         "cpu_s_per_step": cpu_s,  # a rank's CPU time a step, every thread (mean over ranks)
-        "a2a_cpu_s_per_step": a2a_cpu_s,  # of it, the training thread's inside all-to-alls
+        "a2a_cpu_s_per_step": a2a_cpu_s,  # of it, the thread's that ran the all-to-alls, inside them
     }
 
 
