@@ -19,7 +19,8 @@ failed (with the error) so that one broken path does not hide the others:
   state each holds (counted from the tensors) and, on CUDA, ZeRO-3's peak allocation during
   forward + backward against the whole parameters' size (each layer freed after use);
 - moe: an MoE layer (ringtree.parallel.MoE) with its experts split over every rank
-  (ExpertParallel: counts exchange, NCCL all-to-all dispatch and combine), with torch's
+  (ExpertParallel: counts exchange, NCCL all-to-all dispatch and combine, the dispatch and the
+  combine started before its shared expert computes and waited for after it), with torch's
   all_to_all_single (native) and ringtree's (auto), against the whole layer on the whole batch:
   output and input gradient, ms per forward + backward; on CUDA also the experts' grouped matmul
   (torch._grouped_mm, bf16) against the per-expert loop;
@@ -359,7 +360,7 @@ def check_moe(device: torch.device) -> dict[str, Any]:
     experts = 8 * p  # whole experts on every rank
     x = torch.randn(p, 512, 256, generator=torch.Generator().manual_seed(1)).to(device)
     torch.manual_seed(0)
-    whole = MoE(256, 256, experts, top_k=2).to(device)
+    whole = MoE(256, 256, experts, top_k=2, shared=1).to(device)  # the dispatch overlaps the shared expert
     xw = x.clone().requires_grad_()
     out_whole = whole(xw.view(-1, 256)).view_as(x)
     out_whole.square().mean().backward()
