@@ -172,12 +172,16 @@ class Pending:
         self.future: Future[None] | None = None
         self.work: dist.Work | None = None
         self.waited = False
+        # on CUDA the background thread orders its work on the caller's stream (and device): a
+        # thread's current stream and device are its own, and the rows were made on the caller's
+        self.stream = torch.cuda.current_stream(output.device) if output.is_cuda else None
 
     def run(self, input: torch.Tensor, receives: list[int], sends: list[int]) -> None:
         """The exchange, on the background thread."""
         cpu = time.thread_time()
         try:
-            _run(self.output, input, receives, sends, self.algorithm, self.group, self.matrix)
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                _run(self.output, input, receives, sends, self.algorithm, self.group, self.matrix)
         finally:
             self.done = now()
             self.cpu = time.thread_time() - cpu
