@@ -370,11 +370,6 @@ def _check_moe(cfg: TrainConfig) -> None:
             f"--ep {cfg.ep} borrows DDP's data-parallel ranks, which --mode {cfg.mode} does not run; "
             "use --mode ddp"
         )
-    if cfg.sequence_parallel:
-        raise ValueError(
-            "--sequence-parallel gives each TP rank other tokens, which --ep does not route yet; "
-            "drop one of them"
-        )
     if cfg.checkpoint_dir is not None:
         raise ValueError(
             f"--ep {cfg.ep}: checkpoints of expert-parallel runs are not written yet; drop --checkpoint-dir"
