@@ -114,11 +114,11 @@ def _train(rank: int, options: dict[str, Any]) -> dict[str, Any]:
     return Trainer.from_config(TrainConfig(**SMALL, **options)).fit()
 
 
-def test_the_trainer_runs_ep_with_sequence_parallel_to_the_losses_and_load_of_the_run_without() -> None:
-    options = {"ep": 2, "tp": 2, "batch_size": 32}
-    with_sp = spawn(_train, 4, ({**options, "sequence_parallel": True},), timeout_s=120)[0]
-    without = spawn(_train, 4, (options,), timeout_s=120)[0]
-    assert with_sp["sequence_parallel"] is True and without["sequence_parallel"] is False
-    assert (with_sp["ep"], with_sp["tp"], with_sp["dp"], with_sp["steps"]) == (2, 2, 2, 4)
+def test_the_trainer_runs_ep_with_sequence_parallel_to_the_losses_and_load_of_one_process() -> None:
+    options = {"ep": 2, "tp": 2, "sequence_parallel": True, "batch_size": 32}
+    with_sp = spawn(_train, 4, (options,), timeout_s=120)[0]
+    plain = _train(0, {"batch_size": 64})  # EP 1 in a world of one: the same 64 sequences a step
+    assert with_sp["sequence_parallel"] is True and "sequence_parallel" not in plain  # tp 1: no key
+    assert (with_sp["ep"], with_sp["tp"], with_sp["dp"], with_sp["steps"]) == (2, 2, 2, plain["steps"])
     for key in ("train_loss", "final_loss", "test_loss", "expert_load"):
-        assert with_sp[key] == pytest.approx(without[key], rel=1e-5), key
+        assert with_sp[key] == pytest.approx(plain[key], rel=1e-4), key
