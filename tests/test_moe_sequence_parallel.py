@@ -1,6 +1,7 @@
 """MoE with expert parallelism under TP + sequence parallelism (each TP rank routes its own tokens):
 EP 2 x TP 2 + SP on 4 ranks against the same run without SP and against EP 1, in losses, every
-parameter's gradient and the balancing biases; then the trainer's `--ep 2 --tp 2 --sequence-parallel`."""
+parameter's gradient and the balancing biases; then the trainer's
+`--ep 2 --tp 2 --sequence-parallel --zero 1` against one process."""
 
 from __future__ import annotations
 
@@ -114,8 +115,8 @@ def _train(rank: int, options: dict[str, Any]) -> dict[str, Any]:
     return Trainer.from_config(TrainConfig(**SMALL, **options)).fit()
 
 
-def test_the_trainer_runs_ep_with_sequence_parallel_to_the_losses_and_load_of_one_process() -> None:
-    options = {"ep": 2, "tp": 2, "sequence_parallel": True, "batch_size": 32}
+def test_the_trainer_runs_ep_zero_and_sequence_parallel_to_the_losses_and_load_of_one_process() -> None:
+    options = {"ep": 2, "tp": 2, "sequence_parallel": True, "zero": 1, "batch_size": 32}
     with_sp = spawn(_train, 4, (options,), timeout_s=120)[0]
     plain = _train(0, {"batch_size": 64})  # EP 1 in a world of one: the same 64 sequences a step
     assert with_sp["sequence_parallel"] is True and "sequence_parallel" not in plain  # tp 1: no key
