@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import statistics
 import subprocess
 import tempfile
@@ -120,7 +121,7 @@ def run_row(row: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
         returncode, output = run_cli(args, in_process)
         plan = json.loads(out.read_text()) if out.exists() else None
     result = outcome(row, returncode, output, plan)
-    return {"id": row["id"], "command": "ringtree " + " ".join([*args[:-1], "plan.json"]), **result}
+    return {"id": row["id"], "command": "ringtree " + shlex.join([*args[:-1], "plan.json"]), **result}
 
 
 def speedups(data: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:

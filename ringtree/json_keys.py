@@ -366,7 +366,10 @@ OUTPUTS: dict[str, Output] = {
             "kind": "dense or sharded",
             "step": "the optimizer step it was saved at",
             "model_name": "the model's class name",
-            "layout": "the layout it was saved at (world size, dp, tp, pp, cp, zero); null when unrecorded",
+            "layout": (
+                "the layout it was saved at (world size, dp, tp, pp, cp, zero, and ep for an expert-parallel "
+                "run); null when unrecorded"
+            ),
             "files": "every file of it",
             "files[].name": "the file's name",
             "files[].bytes": "its size",

@@ -41,6 +41,16 @@ def digits_that_die() -> tuple[Dataset[Any], Dataset[Any]]:
     return DiesOnce(train, int(os.environ.get(KILL_AFTER, "0"))), test
 
 
+def sort_that_dies() -> tuple[Dataset[Any], Dataset[Any]]:
+    """The MoE tests' slice of the sort task (256 sequences), rank 1 dying as digits_that_die's."""
+    from torch.utils.data import Subset
+
+    from ringtree.train.language import sort_datasets
+
+    train, test = sort_datasets()
+    return DiesOnce(Subset(train, range(256)), int(os.environ.get(KILL_AFTER, "0"))), Subset(test, range(64))
+
+
 def _die_in_save(n: int) -> None:
     """Rank 1 SIGKILLs itself in its first attempt's n-th sharded save, its shard half written."""
     from ringtree.train import sharded_checkpoint

@@ -82,3 +82,22 @@ def test_a_killed_worker_under_zero3_tp2_pp2_at_8_ranks_resumes(
     assert killed["restarts"] == 1 and killed["resumed_from_step"] == (4 if where == "mid-run" else 2)
     assert killed["steps"] == whole["steps"]
     _accuracy_within_a_point(killed, whole)
+
+
+MOE = ["--model", "moe", "--dataset", "restart_data:sort_that_dies", "--epochs", "2", "--batch-size", "16"]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_of_an_expert_parallel_run_resumes_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MoE, EP 2 x ZeRO 1 on 4 ranks, 4 steps an epoch of 16 sequences a rank, saved every 2 steps:
+    rank 1 dies reading its 89th sequence (step 6) and the run resumes from step 4."""
+    layout = [*MOE, "--nproc", "4", "--ep", "2", "--zero", "1", "--checkpoint-every", "2"]
+    whole = _train(layout, tmp_path / "whole")
+    monkeypatch.setenv("RINGTREE_TEST_KILL_AFTER", "88")
+    killed = _train([*layout, "--max-restarts", "1"], tmp_path / "killed")
+    assert killed["restarts"] == 1 and killed["resumed_from_step"] == 4
+    assert (killed["ep"], killed["steps"]) == (2, whole["steps"]) == (2, 8)
+    for key in ("final_loss", "test_loss", "accuracy", "expert_load"):
+        assert killed[key] == whole[key], key

@@ -88,3 +88,22 @@ def test_generation_from_device_names() -> None:
         "Tesla T4",
     ]
     assert [m.generation_of(n) for n in names] == ["ampere", "hopper", "volta", "blackwell", None]
+
+
+def test_nvlink5_links_carry_50_gb_s_each_so_a_b200_has_18() -> None:
+    """NVLink 5 doubles the link (18 links of 50 GB/s, 900 GB/s per direction; `nvidia-smi topo -m`
+    on an HGX B200 shows NV18) and NCCL counts each at topo.h SM100_NVLINK_BW = 40.1 GB/s: 721.8
+    GB/s of bus bandwidth, not the 1,443.6 that 25 GB/s links would give. Against nccl-tests
+    all_reduce_perf on Blackwell GPUs in one NVLink 5 domain: peak busbw 811 GB/s on 8 GB200s (two
+    trays of an NVL72, MNNVL; lixueduan.com/posts/ai/13-gb200-mnnvl-nccl-test) and 835-847 GB/s at
+    4-8 GiB on all 72 of a rack (coreweave/nccl-tests#43)."""
+    from ringtree.sim.network.clusters import get
+
+    b200 = m.system_for(get("dgx-b200").cluster(1))
+    assert b200 is not None and b200.intra_bus_GBps == pytest.approx(18 * 40.1) and b200.channels == 32
+    for name, p, n, published in (("dgx-b200", 8, 8 << 30, 811.0), ("gb200-nvl72", 72, 8 << 30, 846.8)):
+        system = m.system_for(get(name).cluster(1))
+        assert system is not None
+        seconds, _ = m.allreduce_seconds(NcclTuning(system), p, 1, n)
+        busbw = n / seconds / 1e9 * 2 * (p - 1) / p
+        assert busbw == pytest.approx(published, rel=0.12)

@@ -37,7 +37,8 @@ def inspect(
     where = "an unrecorded layout"
     if layout:
         n = layout.get("world_size")
-        where = f"{n} rank{'' if n == 1 else 's'} ({dims}, zero {layout.get('zero')})"
+        ep = f", ep {layout['ep']}" if "ep" in layout else ""  # expert parallel: over dp (x cp)
+        where = f"{n} rank{'' if n == 1 else 's'} ({dims}, zero {layout.get('zero')}{ep})"
     verdict = "verifies" if report["verifies"] else f"does NOT verify: {report['problem']}"
     console.print(
         f"{report['path']}: {report['kind']} checkpoint of {report['model_name']} at step {report['step']}, "

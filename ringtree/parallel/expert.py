@@ -247,6 +247,12 @@ class ExpertShards:
         return flat
 
     @torch.no_grad()
+    def refresh(self) -> None:
+        """Take this rank's shard from the experts again (after a checkpoint loaded them)."""
+        whole = self._flat([p.detach() for p in self.params])
+        self.shard.copy_(whole[self.rank * self.size : (self.rank + 1) * self.size].to(self.shard))
+
+    @torch.no_grad()
     def before_step(self) -> None:
         """Reduce-scatter the gradients (missing ones: zero) into the shard's, divided by D."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]

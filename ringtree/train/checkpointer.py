@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_map
 from ringtree.parallel import Mesh
 from ringtree.parallel.mismatch import check_keys
 from ringtree.processes import restart_count
-from ringtree.train import checkpoint, layout, sharded_checkpoint, tensor_parallel
+from ringtree.train import checkpoint, expert_checkpoint, layout, sharded_checkpoint, tensor_parallel
 from ringtree.train.config import TrainConfig
 from ringtree.train.parallelize import Parallelized
 from ringtree.train.pipelining import gather_stages
@@ -57,17 +57,22 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.layout = {"world_size": dist.get_world_size(), "dp": mesh.dp, "tp": mesh.tp, "pp": mesh.pp}
         self.layout |= {"cp": getattr(mesh, "cp", 1), "zero": cfg.zero}
+        if cfg.ep > 1:
+            self.layout["ep"] = cfg.ep
         self.waits: list[float] = []
         self.pending: Future[Any] | None = None
         asynchronous = bool(cfg.checkpoint_async) and cfg.checkpoint_dir is not None
         # a group of its own: async_save's collectives run on a thread beside training's
-        self.async_group = dist.new_group(backend="gloo") if asynchronous and cfg.zero else None
+        sharded = cfg.zero or cfg.ep > 1
+        self.async_group = dist.new_group(backend="gloo") if asynchronous and sharded else None
         self.writer = ThreadPoolExecutor(1, "ringtree-checkpoint") if asynchronous else None
 
     @cached_property
     def places(self) -> dict[int, layout.Place]:
         """Where each of this rank's parameters sits in the dense model (asked for on first use)."""
-        return layout.places(self.net, self.dense)
+        places = layout.places(self.net, self.dense)
+        experts = self.parallel.experts
+        return places if experts is None else expert_checkpoint.expert_places(places, experts)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The dense model's parameters and buffers with their shapes (what a checkpoint must hold)."""
@@ -102,11 +107,13 @@ class Checkpointer:
                 f"pass --model {state['model_name']} or another --checkpoint-dir"
             )
         check_keys(_Shape.of(self.shapes()), state["model"], f"the checkpoint in {cfg.checkpoint_dir}")
-        zero = self.parallel.sharded
-        if zero is None:
-            tensor_parallel.load(self.net, self.optimizer, self.dense, state)
-        else:  # a dense checkpoint, cut into this rank's shards
+        zero, share = self.parallel.sharded, self._share()
+        if zero is not None:  # a dense checkpoint, cut into this rank's shards
             sharded_checkpoint.from_dense(state, zero, self.optimizer, self.places, self.net)
+        if share is not None:  # and this rank's experts cut from it
+            expert_checkpoint.load_dense(share, state, self.dense, Path(cfg.checkpoint_dir))
+        elif zero is None:
+            tensor_parallel.load(self.net, self.optimizer, self.dense, state)
         if "rng" in state:  # the run continues with the random stream it would have had
             torch.set_rng_state(state["rng"])
         if self.amp.scaler is not None and "scaler" in state:
@@ -122,8 +129,12 @@ class Checkpointer:
                 f"pass --model {record['model_name']} or another --checkpoint-dir"
             )
         sharded_checkpoint.check_model(path, self.shapes())
-        zero = self.parallel.sharded
-        if zero is None:  # --zero 0: the pieces assembled into the dense state
+        zero, share = self.parallel.sharded, self._share()
+        if share is not None:  # expert parallel: every rank reads its experts' boxes (and the rest)
+            if zero is not None:
+                sharded_checkpoint.load_sharded(path, zero, self.optimizer, self.places, self.net)
+            expert_checkpoint.load(share, path)
+        elif zero is None:  # --zero 0: the pieces assembled into the dense state
             state = sharded_checkpoint.dense_state(path, self.dense, self.optimizer)
             state["optimizer"] = self._owned_state(state["optimizer"])
             tensor_parallel.load(self.net, self.optimizer, self.dense, state)
@@ -174,7 +185,21 @@ class Checkpointer:
 
     def _save(self, step: int) -> None:
         cfg = self.cfg
-        zero = self.parallel.sharded
+        zero, share = self.parallel.sharded, self._share()
+        if share is not None:  # expert parallel: every rank writes its experts (and its other pieces)
+            sharded = (
+                None if zero is None else sharded_checkpoint.state_of(zero, self.optimizer, self.places, {})
+            )
+            self.pending = sharded_checkpoint.save_state(
+                cfg.checkpoint_dir,  # type: ignore[arg-type]
+                step,
+                self.model_name,
+                expert_checkpoint.state(share, sharded),
+                cfg.get("keep_checkpoints"),
+                self.layout,
+                self.async_group,
+            )
+            return
         if zero is not None:  # every rank writes its own shard
             own = {id(b) for b in (zero.module.buffers())}
             kept = tensor_parallel.persistent_buffers(self.net)  # not those a model recomputes
@@ -223,6 +248,27 @@ class Checkpointer:
             checkpoint.save(cfg.checkpoint_dir, state, keep=keep)  # type: ignore[arg-type]
         if self.writer is None:
             dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
+
+    def _share(self) -> expert_checkpoint.Share | None:
+        """This rank's share of an expert-parallel run (None without EP: the other layouts' paths)."""
+        experts = self.parallel.experts
+        if experts is None or experts.ep == 1:
+            return None
+        params = list(self.net.parameters())
+        owned = self._owned()
+        ids = None if owned is None else {id(params[i]) for i in owned}
+        split = {id(p) for p in experts.params}
+        dense = []
+        if self.parallel.sharded is None:  # --zero 0: the optimizer steps the other parameters whole
+            dense = [p for p in params if id(p) not in split and (ids is None or id(p) in ids)]
+        pipe = self.parallel.pipe
+        stage = self.net if pipe is None else pipe.stages[self.mesh.pp_rank]
+        own = {id(b) for b in stage.buffers()}
+        kept = tensor_parallel.persistent_buffers(self.net)
+        buffers = {n: b for n, b in self.net.named_buffers() if id(b) in own and n in kept}
+        return expert_checkpoint.Share(
+            experts, self.optimizer, self.places, ids, dense, buffers, self.mesh.pp_rank, self.amp.scaler
+        )
 
     def _owned(self) -> set[int] | None:
         """Indices (in net.parameters()) of the parameters this rank's stage trains; None: all."""

@@ -351,10 +351,6 @@ def _check_moe(cfg: TrainConfig) -> None:
     given = [flag(name) for name in MOE_OPTIONS if getattr(cfg, name) is not None]
     if given and cfg.model != "moe":
         raise ValueError(f"{given[0]} configures --model moe's layers; drop it or add --model moe")
-    if cfg.model == "moe" and cfg.tp > 1 and cfg.checkpoint_dir is not None:
-        raise ValueError(
-            "--model moe --tp: its checkpoints are not written yet; drop --checkpoint-dir or --tp"
-        )
     if cfg.a2a_algorithm is not None and cfg.ep == 1:
         raise ValueError("--a2a-algorithm dispatches tokens among --ep ranks; add --ep 2 or more, or drop it")
     if cfg.ep == 1:
@@ -369,10 +365,6 @@ def _check_moe(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--ep {cfg.ep} borrows DDP's data-parallel ranks, which --mode {cfg.mode} does not run; "
             "use --mode ddp"
-        )
-    if cfg.checkpoint_dir is not None:
-        raise ValueError(
-            f"--ep {cfg.ep}: checkpoints of expert-parallel runs are not written yet; drop --checkpoint-dir"
         )
     if cfg.zero and cfg.amp == "fp16":
         raise ValueError(

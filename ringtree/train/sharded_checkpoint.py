@@ -59,6 +59,7 @@ RECORD = "ringtree.json"
 _DIR = re.compile(r"^step-(\d+)\.dcp$")
 Key = tuple[str, tuple[int, ...]]  # (fqn, offsets in the dense tensor)
 Wanted = dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]  # fqn -> (offsets, box to fill)
+State = tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]]  # plain, boxes, shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +145,7 @@ class _BoxLoader(DefaultLoadPlanner):
         return super().lookup_tensor(index)
 
 
-def _load(
+def read(
     path: Path, plain: dict[str, Any], wanted: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]
 ) -> None:
     """Fill `plain`'s tensors and the wanted boxes from the checkpoint (this rank alone)."""
@@ -172,6 +173,22 @@ def save(
 
     With `async_group` (a process group of its own) the files are written by DCP's asynchronous
     save while training goes on: the returned future is done once the save is sealed."""
+    return save_state(
+        directory, step, model_name, state_of(sdp, optimizer, places, buffers), keep, layout, async_group
+    )
+
+
+def save_state(
+    directory: str | Path,
+    step: int,
+    model_name: str,
+    state: State,
+    keep: int,
+    layout: dict[str, int] | None = None,
+    async_group: dist.ProcessGroup | None = None,
+) -> Future[Any] | None:
+    """Write (plain entries, this rank's boxes, each boxed tensor's dense shape) as the folder of
+    step `step` (collective over the world); what `save` does once it has the state."""
     folder = Path(directory)
     final = folder / f"step-{step:08d}.dcp"
     tmp = folder / f".{final.name}.tmp"
@@ -179,7 +196,7 @@ def save(
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a save that died before its rename
     dist.barrier()
-    plain, boxes, sizes = _state(sdp, optimizer, places, buffers)
+    plain, boxes, sizes = state
     record = {"step": step, "model_name": model_name, "layout": layout or {}}
 
     def seal() -> None:
@@ -218,12 +235,12 @@ def _seal(folder: Path, tmp: Path, final: Path, record: dict[str, Any], keep: in
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _state(
+def state_of(
     sdp: ShardedDataParallel,
     optimizer: torch.optim.Optimizer,
     places: dict[int, Place],
     buffers: dict[str, torch.Tensor],
-) -> tuple[dict[str, Any], dict[Key, torch.Tensor], dict[str, tuple[int, ...]]]:
+) -> State:
     """(plain entries, this rank's boxes, each boxed tensor's dense shape), copied to the host."""
     plain: dict[str, Any] = {"rng": torch.get_rng_state()}
     plain |= {f"buffer.{k}": v.detach().cpu().clone() for k, v in buffers.items()}
@@ -353,11 +370,12 @@ def check_model(path: Path, dense: dict[str, tuple[int, ...]]) -> None:
     check_keys(model, saved, f"the checkpoint {path}")
 
 
-def _extras(path: Path) -> dict[str, torch.Tensor]:
-    """The entries outside the boxed tensors: rng, optimizer scalars, buffers (empty, to be filled)."""
+def plain_entries(path: Path) -> dict[str, torch.Tensor]:
+    """The entries outside the boxed tensors: rng, optimizer scalars, buffers, expert counts (empty,
+    to be filled)."""
     out = {}
     for k, (shape, dtype) in tensors(path).items():
-        if k == "rng" or k.startswith(("optim_scalar.", "buffer.")):
+        if k == "rng" or k.startswith(("optim_scalar.", "buffer.", "expert_parallel.")):
             out[k] = torch.empty(shape, dtype=dtype)
     return out
 
@@ -384,8 +402,8 @@ def load_sharded(
                 continue
             flat = flats[(prefix, i)] = torch.full((piece.length,), float("nan"))
             wanted.setdefault(fqn, []).extend((c.offsets, c.view(flat)) for c in piece.chunks())
-    extras = _extras(path)
-    _load(path, extras, wanted)
+    extras = plain_entries(path)
+    read(path, extras, wanted)
     with torch.no_grad():
         for (prefix, i), flat in flats.items():
             piece = mine[i]
@@ -400,9 +418,7 @@ def load_sharded(
             for k, v in extras.items():
                 if k.startswith("optim_scalar."):
                     optimizer.state[b.shard][k.removeprefix("optim_scalar.")] = v.clone()
-    _load_buffers(
-        module, {k.removeprefix("buffer."): v for k, v in extras.items() if k.startswith("buffer.")}
-    )
+    load_buffers(module, {k.removeprefix("buffer."): v for k, v in extras.items() if k.startswith("buffer.")})
     torch.set_rng_state(extras["rng"])
 
 
@@ -418,8 +434,8 @@ def dense_state(
         for prefix in ("model", *(f"optim.{k}" for k in kinds)):
             if f"{prefix}.{name}" in saved:
                 wanted[f"{prefix}.{name}"] = [((0,) * len(shape), torch.zeros(shape))]
-    extras = _extras(path)
-    _load(path, extras, wanted)
+    extras = plain_entries(path)
+    read(path, extras, wanted)
     model = {k.removeprefix("buffer."): v for k, v in extras.items() if k.startswith("buffer.")}
     scalars = {k.removeprefix("optim_scalar."): v for k, v in extras.items() if k.startswith("optim_scalar.")}
     per_param: dict[int, dict[str, torch.Tensor]] = {}
@@ -485,10 +501,10 @@ def from_dense(
                     local(opt_state.setdefault(kind, torch.zeros_like(piece.bucket.shard)))[cut] = flat
             for kind, value in scalars.items():
                 optimizer.state[piece.bucket.shard][kind] = value.clone()
-    _load_buffers(module, state["model"])
+    load_buffers(module, state["model"])
 
 
-def _load_buffers(module: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+def load_buffers(module: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
     own = dict(module.named_buffers())
     with torch.no_grad():
         for k, v in buffers.items():

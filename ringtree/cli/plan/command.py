@@ -48,6 +48,9 @@ def plan(
     cp: int = tf.CP,
     cp_comm: str = tf.CP_COMM,
     virtual_stages: int = tf.VIRTUAL_STAGES,
+    pp_layout: str = tf.PP_LAYOUT,
+    first_stage_layers: int = tf.FIRST_STAGE_LAYERS,
+    last_stage_layers: int = tf.LAST_STAGE_LAYERS,
     sequence_parallel: bool = tf.SEQUENCE_PARALLEL,
     zero: int = tf.ZERO,
     shard_group: int = tf.SHARD_GROUP,
@@ -102,7 +105,7 @@ def plan(
     parallel_given = (
         cp > 1 or virtual_stages > 1 or sequence_parallel or zero > 0 or not flash_attention
         or attention_kernel != "fused" or elementwise != "fused" or cp_comm != "p2p" or shard_group != 0
-        or recompute_layers != 0
+        or recompute_layers != 0 or bool(pp_layout) or first_stage_layers != 0 or last_stage_layers != 0
     )  # fmt: skip
     transformer_only = (
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
@@ -134,14 +137,18 @@ def plan(
         chosen = {"--tp": tp > 1, "--pp": pp > 1, "--cp": cp > 1, "--virtual-stages": virtual_stages > 1,
                   "--sequence-parallel": sequence_parallel, "--zero": zero > 0,
                   "--shard-group": shard_group != 0, "--recompute-layers": recompute_layers != 0,
-                  "--micro-batch": micro_batch is not None}  # fmt: skip
+                  "--micro-batch": micro_batch is not None, "--pp-layout": bool(pp_layout),
+                  "--first-stage-layers": first_stage_layers != 0,
+                  "--last-stage-layers": last_stage_layers != 0}  # fmt: skip
         if search:
             tf.refuse_for_search(chosen, flash_attention, attention_kernel, elementwise)
         layout = {"tp": tp, "pp": pp, "cp": cp, "virtual_stages": virtual_stages,
                   "sequence_parallel": sequence_parallel, "zero": zero,
                   "flash_attention": flash_attention, "attention_kernel": attention_kernel,
                   "elementwise": elementwise, "grad_dtype": grad_dtype, "cp_comm": cp_comm,
-                  "shard_group": shard_group, "recompute_layers": recompute_layers}  # fmt: skip
+                  "shard_group": shard_group, "recompute_layers": recompute_layers, "pp_layout": pp_layout,
+                  "first_stage_layers": first_stage_layers,
+                  "last_stage_layers": last_stage_layers}  # fmt: skip
         return tf.run(
             model, {**dims, **moe.model_dims()}, global_batch, micro_batch or 1, layout, dtype, recompute,
             overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe, plot,

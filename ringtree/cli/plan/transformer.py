@@ -65,6 +65,26 @@ CP_COMM = typer.Option(
 VIRTUAL_STAGES = typer.Option(
     1, help="Model chunks per pipeline rank (interleaved 1F1B).", rich_help_panel=LAYOUT
 )
+PP_LAYOUT = typer.Option(
+    "",
+    help="Which layers each of the PP x VP model chunks holds, in Megatron-Core's "
+    "pipeline_model_parallel_layout syntax: E embedding, t layer, m MTP layer, L loss, | chunk end, "
+    "x*k and (...)*k repeat (DeepSeek-V3 on PP 4 x VP 4: 'Et*4|(t*4|)*14tmL'). Priced by the "
+    "heaviest chunk when interleaved.",
+    rich_help_panel=LAYOUT,
+)
+FIRST_STAGE_LAYERS = typer.Option(
+    0,
+    help="Layers of the first pipeline stage, the other stages sharing the rest evenly (Megatron's "
+    "--decoder-first-pipeline-num-layers). 0: an even split.",
+    rich_help_panel=LAYOUT,
+)
+LAST_STAGE_LAYERS = typer.Option(
+    0,
+    help="Layers of the last pipeline stage, the other stages sharing the rest evenly (Megatron's "
+    "--decoder-last-pipeline-num-layers). 0: an even split.",
+    rich_help_panel=LAYOUT,
+)
 SEQUENCE_PARALLEL = typer.Option(
     False,
     "--sequence-parallel",
@@ -216,7 +236,8 @@ def run(
                 bucket_mb, schedule, layout["cp"], layout["virtual_stages"], layout["sequence_parallel"],
                 layout["zero"], layout["flash_attention"], layout["attention_kernel"], layout["elementwise"],
                 layout["grad_dtype"], layout["cp_comm"], layout["shard_group"], layout["recompute_layers"],
-                **moe.training(dtype),
+                pp_layout=layout["pp_layout"], first_stage_layers=layout["first_stage_layers"],
+                last_stage_layers=layout["last_stage_layers"], **moe.training(dtype),
             )  # fmt: skip
             rows = [plan(shape, run, cluster, gpu, chosen)]
     except ValueError as e:

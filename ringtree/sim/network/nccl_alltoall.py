@@ -36,9 +36,6 @@ from ringtree.sim.network.nccl_system import Corrections, NcclSystem, NcclTuning
 
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD: bytes per peer up to which p2p runs LL
 MAX_P2P_PEERS = 16  # peers in flight at once: NCCL's 32 p2p channels, 2 per peer
-# NVLink datasheet rate per link and direction: NCCL's bus figure counts links of this many GB/s
-# (25 up to Hopper; NVLink 5 doubles it, 18 links of 50 GB/s = 900 GB/s per direction on a B200)
-NVLINK_LINK_GBPS = {"volta": 25.0, "ampere": 25.0, "hopper": 25.0, "blackwell": 50.0}
 
 
 @dataclass(frozen=True)
@@ -79,14 +76,9 @@ class Price:
 
 
 def intra_bandwidth_GBps(s: NcclSystem) -> float:
-    """One GPU's point-to-point bandwidth into its node's fabric, as NCCL counts it (GB/s).
-
-    `intra_bus_GBps` counts a link at 25 GB/s of datasheet rate (`system_from_links`); NVLink 5's
-    links carry 50, so a Blackwell GPU has half the links that figure assumes.
-    """
-    if s.fabric != "nvlink":
-        return s.intra_bus_GBps
-    return s.intra_bus_GBps * 25.0 / NVLINK_LINK_GBPS[s.generation]
+    """One GPU's point-to-point bandwidth into its node's fabric, as NCCL counts it (GB/s): the
+    system's bus figure, its links x NCCL's per-link figure (`nccl_model.system_from_links`)."""
+    return s.intra_bus_GBps
 
 
 def price(s: NcclSystem, p: int, nodes: int, nbytes: int) -> Price:

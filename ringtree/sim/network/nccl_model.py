@@ -82,6 +82,10 @@ NVLINK_BW_PER_LINK = {
     "hopper": 20.6,
     "blackwell": 40.1,
 }  # topo.h SMxx_NVLINK_BW
+# NVLink's datasheet rate per link and direction, GB/s, which the presets' per-GPU NVLink bandwidth
+# is a multiple of: NVLink 2-4 (V100, A100, H100) 25, NVLink 5 (B200, GB200) 50 (18 links = 900
+# GB/s per direction); NCCL counts each link at its SMxx_NVLINK_BW above
+NVLINK_LINK_GBPS = {"volta": 25.0, "ampere": 25.0, "hopper": 25.0, "blackwell": 50.0}
 MAX_CHANNELS = 32  # MAXCHANNELS
 IB_ALPHA_S = 2e-6  # the InfiniBand presets' latency, what NCCL's NET latencies describe
 NCCL_BUFFSIZE = 4 << 20  # DEFAULT_BUFFSIZE: staging buffer per channel and peer (Simple protocol)
@@ -338,15 +342,17 @@ def system_from_links(
 ) -> NcclSystem:
     """NCCL's bus bandwidths from datasheet link rates, and the NIC's latency beyond InfiniBand's.
 
-    NVLink: NCCL counts 20 GB/s per A100 link of 25 (topo.h SM80_NVLINK_BW), so 0.8 of the
-    datasheet rate, and runs two channels per link up to 32. PCIe: PCI_BW 12 GB/s for a Gen3 x16
+    NVLink: the links are the datasheet bandwidth over the generation's per-link rate
+    (`NVLINK_LINK_GBPS`: 12 of 25 GB/s on an A100, 18 of 25 on an H100, 18 of 50 on a B200), each
+    counted at NCCL's figure (topo.h SMxx_NVLINK_BW: 20 for an A100 link, 20.6 for Hopper's, 40.1
+    for NVLink 5's), and NCCL runs two channels per link up to 32. PCIe: PCI_BW 12 GB/s for a Gen3 x16
     of 15.75, so 0.76, on 2 channels. NICs at their line rate. NCCL's NET latencies describe
     InfiniBand (`IB_ALPHA_S`, the ib-hdr/ib-ndr presets' 2 us): a slower NIC (EFA's 15 us) adds
     the difference to every inter-node step.
     """
     if fabric == "nvlink":
         per_link = NVLINK_BW_PER_LINK[gen]
-        bus = intra_Bps / 1e9 * per_link / 25.0
+        bus = intra_Bps / 1e9 / NVLINK_LINK_GBPS[gen] * per_link
         channels = min(MAX_CHANNELS, 2 * max(1, round(bus / per_link)))
     else:
         bus, channels = intra_Bps / 1e9 * 12.0 / 15.75, 2

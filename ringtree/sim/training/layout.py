@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ringtree.sim.training.eager import ELEMENTWISE
 from ringtree.sim.training.fp8 import RECIPES
 from ringtree.sim.training.plan import Layout
+from ringtree.sim.training.stage_layout import Chunk, edges, parse
 from ringtree.sim.training.transformer import RECOMPUTE, Transformer
 
 ATTENTION_KERNELS = ("fused", "flash2")
@@ -83,6 +84,11 @@ class Training:
     moe_overlap: bool = False
     # --dtype fp8: how the linear layers' matmuls scale their FP8 operands (ringtree.sim.training.fp8)
     fp8_recipe: str = "delayed"
+    # an uneven pipeline (ringtree.sim.training.stage_layout): Megatron-Core's layout string, or the
+    # first and last stages' layers (0: even, as `memory.stage_layers` splits them)
+    pp_layout: str = ""
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -113,6 +119,7 @@ class Training:
                 f"take the training dtype; choose --grad-dtype {self.compute_dtype} or fp32"
             )
         self._check_moe()
+        self._check_stages()
         if self.cp_comm not in CP_COMMS:
             raise ValueError(f"unknown --cp-comm {self.cp_comm!r}; choose {' or '.join(CP_COMMS)}")
         if self.cp_comm != "p2p" and self.cp == 1:
@@ -156,6 +163,32 @@ class Training:
             )
         if self.fp8_recipe not in RECIPES:
             raise ValueError(f"unknown --fp8-recipe {self.fp8_recipe!r}; choose one of {', '.join(RECIPES)}")
+
+    def _check_stages(self) -> None:
+        if self.pp_layout and (self.first_stage_layers or self.last_stage_layers):
+            raise ValueError(
+                "--pp-layout places every layer itself: drop --first-stage-layers and --last-stage-layers"
+            )
+        if (self.pp_layout or self.first_stage_layers or self.last_stage_layers) and self.schedule != "1f1b":
+            raise ValueError(f"uneven stages are priced for the 1f1b schedule, not {self.schedule}: drop one")
+        if min(self.first_stage_layers, self.last_stage_layers) < 0 or (
+            (self.first_stage_layers or self.last_stage_layers) and self.pp < 2
+        ):
+            raise ValueError(
+                "--first-stage-layers and --last-stage-layers must be at least 1 and need --pp 2 or more"
+            )
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the run places its layers itself (--pp-layout, --first/--last-stage-layers)."""
+        return bool(self.pp_layout or self.first_stage_layers or self.last_stage_layers)
+
+    def chunks(self, layers: int) -> tuple[Chunk, ...]:
+        """The PP x VP model chunks of an uneven run's layout (chunk i on pipeline rank i mod PP)."""
+        text = self.pp_layout or edges(
+            layers, self.pp, self.virtual_stages, self.first_stage_layers, self.last_stage_layers
+        )
+        return parse(text, layers, self.pp, self.virtual_stages)
 
     @property
     def compute_dtype(self) -> str:
@@ -227,10 +260,13 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
             f"--cp {c} needs --seq {model.seq} to be a multiple of 2 x {c} (each rank takes two chunks "
             "for balance); change --cp or --seq"
         )
-    if v > 1 and model.layers % (p * v) and (model.layers + 2) % (p * v):
+    if run.uneven:
+        run.chunks(model.layers)  # a ValueError naming what does not hold
+    elif v > 1 and model.layers % (p * v) and (model.layers + 2) % (p * v):
         raise ValueError(
             f"--pp {p} x --virtual-stages {v} must divide --layers {model.layers} (or --layers + 2, the "
-            "embedding and the loss each counted as a layer); change one of them"
+            "embedding and the loss each counted as a layer); change one of them, or place the layers "
+            "with --pp-layout"
         )
     if model.layers < p:
         raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")

@@ -25,7 +25,10 @@ layer's input, the outputs of the matmuls it does not rerun, the attention's out
 and the reduce-scatters' outputs, and rebuilds one layer at a time.
 Under 1F1B stage j holds min(m, p - j) micro-batches; interleaved with V chunks, its chunks of
 l / (p V) layers in flight are min(m V, 2 (p - j - 1) + (V - 1) p + 1) (Megatron-LM's warm-up).
-The first stage holds the embedding, the last the output matrix and the fp32 logits.
+The first stage holds the embedding, the last the output matrix and the fp32 logits; an uneven run
+(`--pp-layout`, ringtree.sim.training.stage_layout) puts them where its layout says, a
+multi-token-prediction layer (`m`) counted as one more layer of the model's last kind with its own
+2h x h projection and logits.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 from ringtree.sim.network.clusters import GPU
 from ringtree.sim.training import fp8, moe
 from ringtree.sim.training.layout import Training
+from ringtree.sim.training.stage_layout import Chunk
 from ringtree.sim.training.transformer import Transformer
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12  # GRAD_BYTES: ZeRO-3's (see above); else the run's
@@ -92,6 +96,29 @@ def stage_layers(layers: int, p: int) -> tuple[int, ...]:
     return (ends // 2, *(middle,) * (p - 2), ends - ends // 2)
 
 
+def stage_chunks(model: Transformer, run: Training) -> list[tuple[Chunk, ...]]:
+    """Each pipeline stage's model chunks: an uneven run's from its layout (chunk i on stage i mod
+    PP); else one chunk a stage of `stage_layers`, the embedding on the first, the loss on the last."""
+    p = run.pp
+    if run.uneven:
+        chunks = run.chunks(model.layers)
+        return [chunks[j::p] for j in range(p)]
+    counts, out = stage_layers(model.layers, p), list[tuple[Chunk, ...]]()
+    for j, n in enumerate(counts):
+        out.append((Chunk(sum(counts[:j]), n, 0, j == 0, j == p - 1),))
+    return out
+
+
+def chunk_units(model: Transformer, chunks: tuple[Chunk, ...]) -> tuple[int, int, int]:
+    """Chunks' layers, MoE layers among them and output layers (an MTP layer is one more layer of
+    the model's last kind with its own logits)."""
+    mtp = sum(c.mtp for c in chunks)
+    last_moe = model.is_moe_layer(model.layers - 1)
+    layers = sum(c.layers for c in chunks) + mtp
+    moes = sum(model.moe_layers_in(c.start, c.layers) for c in chunks) + (mtp if last_moe else 0)
+    return layers, moes, sum(c.loss for c in chunks) + mtp
+
+
 def in_flight(run: Training, m: int, j: int) -> float:
     """Micro-batches' worth of the stage's layers whose activations stage j holds at its peak."""
     p, v = run.pp, run.virtual_stages
@@ -137,14 +164,20 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
     kept = activation_bytes_per_layer(model, run, "none")
     moe_kept = activation_bytes_per_layer(model, run, "none", True) if model.experts else kept
     out = []
-    start = 0
-    for j, n in enumerate(stage_layers(model.layers, p)):
-        params, experts = model.layers_params(start, n)
-        mo = model.moe_layers_in(start, n)
-        start += n
-        params += model.embedding_params if j == 0 else 0
+    for j, chunks in enumerate(stage_chunks(model, run)):
+        params = experts = 0
+        for c in chunks:
+            dense, routed = model.layers_params(c.start, c.layers)
+            params, experts = params + dense, experts + routed
+        n, mo, heads = chunk_units(model, chunks)
+        mtp = n - sum(c.layers for c in chunks)
+        if mtp:  # the MTP layers: the last layer's kind, with their 2h x h projection
+            dense, routed = model.layers_params(model.layers - 1, 1)
+            params += mtp * (dense + 2 * model.hidden * model.hidden)
+            experts += mtp * routed
+        params += model.embedding_params if any(c.embedding for c in chunks) else 0
         last = model.logit_params or (model.vocab * model.hidden if p > 1 else 0)  # tied: a copy
-        params += last if j == p - 1 else 0
+        params += last if any(c.loss for c in chunks) else 0
         states = states_bytes(params / t, run, shard)
         states += states_bytes(experts / (run.ep * run.etp), run, expert_shards(run, dp))
         states += fp8.weight_bytes(run.dtype, run.fp8_recipe) * (params / t + experts / (run.ep * run.etp))
@@ -169,8 +202,7 @@ def stages(model: Transformer, run: Training, m: int, dp: int) -> list[Stage]:
             acts = in_flight(run, m, j) * (redo * layer + (n - redo) * kept)
         if run.recompute in ("full", "op", "dots") and redo:
             acts += max(kept, moe_kept) if mo else kept  # the layer being rebuilt
-        if j == p - 1:  # the logits and their gradient, fp32 for the loss
-            acts += 4 * tokens * model.vocab / t
+        acts += heads * 4 * tokens * model.vocab / t  # the logits and their gradient, fp32 for the loss
         out.append(Stage(states, acts))
     return out
 

@@ -18,12 +18,14 @@ from ringtree.sim.training import compute, eager, fp8, moe
 from ringtree.sim.training.layout import Training, check
 from ringtree.sim.training.memory import (
     activation_bytes_per_layer,
+    chunk_units,
     expert_shards,
     memory,
-    stage_layers,
+    stage_chunks,
     states_bytes,
 )
 from ringtree.sim.training.plan import StepPrediction, StepWork, predict
+from ringtree.sim.training.stage_layout import Chunk
 from ringtree.sim.training.transformer import Transformer
 
 ITEMSIZE = 2  # 16-bit weights, activations and their collectives (gradients: the run's grad_itemsize)
@@ -147,29 +149,36 @@ def _tp_rerun(run: Training) -> float:
 
 def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
     """One GPU's step on the slowest stage: its layers on its TP and CP slice, per micro-batch; the
-    logits (output layer and loss) sit on the last stage, as Megatron-LM's `post_process` puts them.
-    An MoE model's stages price their dense and MoE layers each as what they are."""
+    logits (output layer and loss) sit on the last stage, as Megatron-LM's `post_process` puts them,
+    or where an uneven run's layout puts them (interleaved, each stage as V of the heaviest chunk:
+    `_heaviest`). An MoE model's stages price their dense and MoE layers each as what they are."""
     t, p = run.tp, run.pp
     forward, backward, attention = layer_times(model, run, gpu)
     kept = layer_times(model, dataclasses.replace(run, recompute="none", recompute_layers=0), gpu)[1]
     tokens = run.micro_batch * model.seq // run.cp
     logits = compute.logits_s(model, tokens, t, gpu, run.compute_dtype)
-    counts = stage_layers(model.layers, p)
-    starts = [sum(counts[:j]) for j in range(p)]
-    moes = [model.moe_layers_in(a, n) for a, n in zip(starts, counts, strict=True)]
+    placed = stage_chunks(model, run)
+    units = [chunk_units(model, chunks) for chunks in placed]
+    counts = tuple(n for n, _, _ in units)
+    moes = [mo for _, mo, _ in units]
     redo = [run.mode_layers(n) for n in counts]
     times = _stage_times(model, run, gpu, counts, moes, redo, (forward, backward, kept))
-    fs = tuple(f + (logits if j == p - 1 else 0.0) for j, f in enumerate(times[0]))
-    bs = tuple(b + (2 * logits if j == p - 1 else 0.0) for j, b in enumerate(times[1]))
+    fs = tuple(f + heads * logits for f, (_, _, heads) in zip(times[0], units, strict=True))
+    bs = tuple(b + 2 * heads * logits for b, (_, _, heads) in zip(times[1], units, strict=True))
+    if run.uneven and run.virtual_stages > 1:  # every chunk priced as the heaviest one
+        f, b, n, mo = _heaviest(model, run, gpu, [c for chunks in placed for c in chunks], logits)
+        fs, bs, counts, moes = (f,) * p, (b,) * p, (n,) * p, [mo] * p
+        redo = [run.mode_layers(n)] * p
     k = max(range(p), key=lambda j: fs[j] + bs[j])  # the slowest stage sets the pace
     layers = float(counts[k])
-    share = sum(redo) / model.layers  # of the model's layers, priced with the run's recompute
+    real = [sum(c.layers for c in chunks) for chunks in placed]
+    share = sum(run.mode_layers(n) for n in real) / model.layers  # layers priced with the recompute
     experts = model.moe_layer_count * model.expert_weights / (run.ep * run.etp * p)
     stage_params = _rank_params(model, run) / p - experts
     m = run.micro_batches(dp)
     moe_k = moes[k]
     tp_layer = 2 * (counts[k] - moe_k) + (1 + bool(model.shared_experts)) * moe_k  # MoE: no MLP TP pair
-    ep_redo = 2 * round(moe_k * redo[k] / counts[k]) if run.recompute == "full" else 0
+    ep_redo = 2 * round(moe_k * redo[k] / counts[k]) if run.recompute == "full" and counts[k] else 0
     return StepWork(
         forward_s=fs[k],
         backward_s=bs[k],
@@ -209,6 +218,26 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
     )
 
 
+def _heaviest(
+    model: Transformer, run: Training, gpu: GPU, chunks: list[Chunk], logits: float
+) -> tuple[float, float, int, int]:
+    """An interleaved stage priced as V of its heaviest chunk: a chunk's forward and backward pass
+    through every stage in turn, so the heaviest chunk sets both the steady state and the bubble.
+    V times the heaviest chunk's forward and backward (its layers and output layers: its compute; the
+    exchanges do not choose it) and V times its layers and MoE layers (their TP and EP exchanges)."""
+    units = [chunk_units(model, (c,)) for c in chunks]
+    counts = tuple(n for n, _, _ in units)
+    redo = [min(n, run.recompute_layers or n) for n in counts]  # block recompute: per chunk
+    dense = layer_times(model, run, gpu)[:2]
+    kept = layer_times(model, dataclasses.replace(run, recompute="none", recompute_layers=0), gpu)[1]
+    fs, bs = _stage_times(model, run, gpu, counts, [mo for _, mo, _ in units], redo, (*dense, kept))
+    f = [x + heads * logits for x, (_, _, heads) in zip(fs, units, strict=True)]
+    b = [x + 2 * heads * logits for x, (_, _, heads) in zip(bs, units, strict=True)]
+    c = max(range(len(units)), key=lambda i: f[i] + b[i])
+    v = run.virtual_stages
+    return v * f[c], v * b[c], v * units[c][0], v * units[c][1]
+
+
 def _stage_times(
     model: Transformer,
     run: Training,
@@ -230,6 +259,10 @@ def _stage_times(
     moe_kept = layer_times(model, keeping_run, gpu, True)[1]
     fs, bs = [], []
     for n, mo, r in zip(counts, moes, redo, strict=True):
+        if not n:
+            fs.append(0.0)
+            bs.append(0.0)
+            continue
         fs.append((n - mo) * forward + mo * moe_f)
         recomputed = (n - mo) * backward + mo * moe_b
         keeping = (n - mo) * kept + mo * moe_kept
