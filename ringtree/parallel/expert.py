@@ -26,6 +26,14 @@ parallelism (`restrict(stage)`) a rank reduces, steps and shards only its stage'
 Balancing. Before every optimizer step (an optimizer pre-hook, so gradient accumulation works)
 each router's token counts of the step are summed over the data group and its expert bias moves
 by rate x sign(mean - count), centred (DeepSeek-V3, torchtitan).
+
+Sequence parallelism (Megatron-Core's layout with expert-tensor-parallel size 1). Each TP rank
+routes its own t/tp tokens over its EP group (whose ranks share its TP coordinate); the router and
+the experts stay replicated over the TP group but see different tokens. The TP plan marks them
+(ringtree.parallel.tensor.sequence.sum_over_sequence: the norms' mechanism) so their gradients are
+summed over the TP group in backward; the expert slices made here keep that mark, and the step's
+counts are summed over the TP group too. The EDP sum and the 1/D above then give EP = 1's
+gradient, and every TP rank the same biases.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from torch import nn
 from ringtree import comm
 from ringtree.parallel.mesh import _new_groups
 from ringtree.parallel.moe import AllToAllDispatcher, MoE, Router
+from ringtree.parallel.tensor.sequence import sequence_group, sum_over_sequence
 
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 
@@ -129,6 +138,9 @@ class ExpertParallel:
             whole = getattr(layer.experts, name)
             mine = nn.Parameter(whole.detach()[first : first + local].clone())
             mine.allreduce = False  # type: ignore[attr-defined]
+            marked, group = sequence_group(whole)
+            if marked:  # sequence parallelism: each TP rank's experts saw its own tokens
+                sum_over_sequence(mine, group)
             setattr(layer.experts, name, mine)
         layer.dispatcher = AllToAllDispatcher(self.ep_group, self.algorithm, self.overlap)
 
@@ -195,6 +207,9 @@ class ExpertParallel:
         both = torch.cat([counts.flatten(), dropped])
         if len(self.data_ranks) > 1:
             dist.all_reduce(both, group=self.data_group)
+        marked, tp_group = sequence_group(routers[0].weight)
+        if marked:  # sequence parallelism: each TP rank counted its own tokens
+            dist.all_reduce(both, group=tp_group)
         counts, dropped = both[: counts.numel()].view_as(counts), both[counts.numel() :]
         loads = []
         for router, count in zip(routers, counts, strict=True):

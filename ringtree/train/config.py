@@ -388,11 +388,6 @@ def _check_moe(cfg: TrainConfig) -> None:
             f"--ep {cfg.ep} borrows DDP's data-parallel ranks, which --mode {cfg.mode} does not run; "
             "use --mode ddp"
         )
-    if cfg.sequence_parallel:
-        raise ValueError(
-            "--sequence-parallel gives each TP rank other tokens, which --ep does not route yet; "
-            "drop one of them"
-        )
     if cfg.zero and cfg.amp == "fp16":
         raise ValueError(
             f"--amp fp16 unscales the gradients before --ep {cfg.ep} reduces the experts' into their "

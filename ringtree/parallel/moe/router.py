@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+
+from ringtree.parallel.tensor.sequence import sequence_group
 
 SCORES = ("softmax", "sigmoid")
 
@@ -110,10 +113,21 @@ class Router(nn.Module):
         )
 
     def _aux(self, scores: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """coef * E * sum_i f_i P_i (f_i: fraction of copies to expert i; P_i: its mean normalized score)."""
+        """coef * E * sum_i f_i P_i (f_i: fraction of copies to expert i; P_i: its mean normalized score).
+
+        Under sequence parallelism (the weight marked by the TP plan) the rank holds t/tp of the
+        tokens: f_i is counted over the TP group's tokens, and P_i sums this rank's scores over all
+        of them, so this rank's loss is its share and the gradients summed over the group are the
+        whole sequence's (Megatron-Core's switch_load_balancing_loss_func)."""
         probs = scores / scores.sum(-1, keepdim=True)
-        f = torch.bincount(experts.flatten(), minlength=self.experts).float() / experts.numel()
-        return self.aux_loss * self.experts * (f * probs.mean(0)).sum()
+        counts = torch.bincount(experts.flatten(), minlength=self.experts).float()
+        copies, tokens = experts.numel(), probs.shape[0]
+        marked, group = sequence_group(self.weight)
+        if marked:
+            dist.all_reduce(counts, group=group)
+            ranks = dist.get_world_size(group)
+            copies, tokens = copies * ranks, tokens * ranks
+        return self.aux_loss * self.experts * (counts / copies * probs.sum(0) / tokens).sum()
 
 
 class AttachAux(torch.autograd.Function):

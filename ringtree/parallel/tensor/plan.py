@@ -15,13 +15,12 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from ringtree.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, _ParallelLinear
 from ringtree.parallel.tensor.ops import Group
-from ringtree.parallel.tensor.sequence import SharedGather
+from ringtree.parallel.tensor.sequence import SharedGather, sum_over_sequence
 
 STYLES = ("colwise", "rowwise")
 Plan = Mapping[str, str]
@@ -127,14 +126,7 @@ def _sequence_parallel(model: nn.Module, group: Group, algorithm: str) -> None:
     sharded -= {id(b) for b in row_biases}  # replicated, added after the reduce-scatter: partial gradients
     for p in region.parameters():
         if id(p) not in sharded and p.requires_grad:
-            p.register_hook(lambda g: _sum_over(g, group))
-
-
-def _sum_over(grad: torch.Tensor, group: Group) -> torch.Tensor:
-    """A replicated parameter's gradient from t/tp tokens, summed to the whole sequence's."""
-    total = grad.clone()
-    dist.all_reduce(total, group=group)
-    return total
+            sum_over_sequence(p, group)
 
 
 def _example(model: nn.Module) -> str:

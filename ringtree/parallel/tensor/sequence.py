@@ -13,6 +13,12 @@ dropouts run on t/tp tokens per rank. Each operator is defined with its dual:
 scatter/gather mark the ends of the region (the gathered output is used identically on every
 rank); all-gather/reduce-scatter replace the f and g all-reduces of the column- and row-parallel
 layers inside it. Tensors are [b, t, ...]: the sequence is dimension 1.
+
+A parameter replicated over the TP group inside the region (a norm's weight; a router, the experts
+of an MoE layer) sees only this rank's t/tp tokens, so its gradient is partial: `sum_over_sequence`
+marks it (Megatron's `param.sequence_parallel`) and sums its gradient over the group as backward
+makes it. Code that adds such a parameter later (expert parallelism keeps a slice of the experts)
+or counts tokens beside it (the router's load statistics) reads the mark: `sequence_group`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.distributed as dist
 
 from ringtree.parallel.tensor.ops import (
     Group,
@@ -31,6 +38,26 @@ from ringtree.parallel.tensor.ops import (
 )
 
 SEQ = 1  # the sequence dimension of [b, t, d]
+
+
+def sum_over_sequence(p: torch.Tensor, group: Group) -> None:
+    """Mark `p` as replicated over the TP `group` while each rank feeds it its own tokens, and sum
+    its gradient over the group as backward makes it (the whole sequence's gradient)."""
+    p.sequence_parallel = True  # type: ignore[attr-defined]  # Megatron's mark
+    p.sequence_group = group  # type: ignore[attr-defined]
+    p.register_hook(lambda g: _sum_over(g, group))  # type: ignore[no-untyped-call]
+
+
+def sequence_group(p: torch.Tensor) -> tuple[bool, Group]:
+    """(whether `p` is marked by sum_over_sequence, the TP group it is summed over)."""
+    return bool(getattr(p, "sequence_parallel", False)), getattr(p, "sequence_group", None)
+
+
+def _sum_over(grad: torch.Tensor, group: Group) -> torch.Tensor:
+    """A replicated parameter's gradient from t/tp tokens, summed to the whole sequence's."""
+    total = grad.clone()
+    dist.all_reduce(total, group=group)
+    return total
 
 
 def _check(x: torch.Tensor, group: Group) -> None:
