@@ -125,7 +125,7 @@ _worker: ThreadPoolExecutor | None = None
 def _claim(group: dist.ProcessGroup | None) -> None:
     """Refuse a second exchange of one group while one runs: the schedules of one group share its
     buffers and its sequence of collectives, so two at once would corrupt both."""
-    key = id(group)
+    key = _key(group)
     if key in _busy:
         raise RuntimeError(
             "an all-to-all of this process group is still in flight; wait for it (Pending.wait) "
@@ -135,7 +135,11 @@ def _claim(group: dist.ProcessGroup | None) -> None:
 
 
 def _release(group: dist.ProcessGroup | None) -> None:
-    _busy.discard(id(group))
+    _busy.discard(_key(group))
+
+
+def _key(group: dist.ProcessGroup | None) -> int:
+    return id(group if group is not None else dist.group.WORLD)  # None: the default group
 
 
 def _background() -> ThreadPoolExecutor:
