@@ -368,7 +368,7 @@ def check_moe(device: torch.device) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for algorithm in ("native", "auto"):
         layer = copy.deepcopy(whole).cpu()
-        ExpertParallel(p, algorithm=algorithm).apply(layer)
+        ExpertParallel(p, algorithm=algorithm, overlap=True).apply(layer)
         layer.to(device)
         mine = x[rank].clone().requires_grad_()
         out = layer(mine)

@@ -350,8 +350,8 @@ OUTPUTS: dict[str, Output] = {
             "a2a_exposed_s": (
                 "with MoE layers: mean seconds per step the training thread waited for those "
                 "all-to-alls, the slowest rank's: all of a blocking one; of a dispatch or combine "
-                "overlapped with the shared experts (`--moe-shared-expert-overlap`, on under `--ep` "
-                "with `--shared-experts`), only the part that outlasted them. At most `a2a_time_s` "
+                "overlapped with the shared experts (`--moe-shared-expert-overlap`, with `--ep` and "
+                "`--shared-experts`), only the part that outlasted them. At most `a2a_time_s` "
                 "on each rank"
             ),
             "devices": "under `--mode dp-threads`: the devices",

@@ -2,7 +2,8 @@
 compute. The same bits as the blocking exchanges (outputs and every gradient, EP 2, a background
 thread and torch's asynchronous work); the accounting of `a2a_exposed_s` against a fake clock;
 one exchange of a group at a time; a dead peer still named from an overlapped dispatch; the
-trainer's default and --no-moe-shared-expert-overlap, same losses, the waits reported apart."""
+trainer with --moe-shared-expert-overlap and without (the default), same losses, the waits
+reported apart."""
 
 from __future__ import annotations
 
@@ -232,11 +233,11 @@ def _trainer_world(rank: int) -> list[dict[str, Any]]:
 
     small = {"model": "moe", "dataset": "tests.moe_data:small", "epochs": 1, "progress": False}
     small |= {"straggler_every": 0, "ep": 2, "shared_experts": 1, "batch_size": 32}
-    default, off = TrainConfig(**small), TrainConfig(**small, moe_shared_expert_overlap=False)
-    return [Trainer.from_config(cfg).fit() for cfg in (default, off)]
+    on, default = TrainConfig(**small, moe_shared_expert_overlap=True), TrainConfig(**small)
+    return [Trainer.from_config(cfg).fit() for cfg in (on, default)]
 
 
-def test_the_trainer_overlaps_by_default_and_reports_the_waits_apart() -> None:
+def test_the_trainer_overlaps_when_asked_and_reports_the_waits_apart() -> None:
     on, off = spawn(_trainer_world, 2, timeout_s=120)[0]
     assert on["moe_shared_expert_overlap"] is True and off["moe_shared_expert_overlap"] is False
     assert (on["final_loss"], on["test_loss"]) == (off["final_loss"], off["test_loss"])  # the same bits

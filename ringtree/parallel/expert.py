@@ -100,7 +100,7 @@ class ExpertParallel:
         *,
         data_group: dist.ProcessGroup | None = None,
         algorithm: str = "auto",
-        overlap: bool = True,
+        overlap: bool = False,
     ) -> None:
         rank = dist.get_rank()
         groups = data_groups or [list(range(dist.get_world_size()))]

@@ -59,7 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "router_score": "softmax",
     "router_aux_loss": 0.0,  # 0: balance by the expert bias, no auxiliary loss
     "a2a_algorithm": "auto",
-    "moe_shared_expert_overlap": True,  # Megatron-Core's --moe-shared-expert-overlap
+    "moe_shared_expert_overlap": False,  # off as Megatron-Core's; no faster on CPU (docs/moe-overlap.md)
 }
 MOE_OPTIONS = (
     "experts",
@@ -223,7 +223,8 @@ class TrainConfig:
     )
     moe_shared_expert_overlap: bool | None = _opt(
         None,
-        "Compute the shared experts while the token all-to-alls travel (needs --ep and shared experts) [on].",
+        "Compute the shared experts while the token all-to-alls travel (needs --ep and shared "
+        "experts) [off].",
     )
 
     def __post_init__(self) -> None:
