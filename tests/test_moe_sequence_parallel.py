@@ -15,9 +15,9 @@ from ringtree.parallel import DistributedDataParallel, ExpertParallel, Mesh
 from ringtree.parallel.expert import EXPERT_WEIGHTS
 from ringtree.parallel.tensor.plan import parallelize
 from ringtree.processes import spawn
-from ringtree.train import TrainConfig, Trainer
 from ringtree.train.gpt import GPTConfig
 from ringtree.train.moe import MoEGPT, MoESettings
+from tests.moe_data import train
 
 SMALL_GPT = GPTConfig(vocab=20, dim=32, depth=2, heads=4, kv_heads=2, hidden=64, max_len=16)
 SEQ, BATCH, STEPS = 8, 4, 2
@@ -102,23 +102,10 @@ def test_the_balancing_bias_moved_and_is_the_same_on_every_rank(results: list[di
     assert all(r["bias"] == results[0]["bias"] for r in results)  # the TP ranks counted all tokens
 
 
-SMALL = {
-    "model": "moe",
-    "dataset": "tests.moe_data:small",
-    "epochs": 1,
-    "progress": False,
-    "straggler_every": 0,
-}
-
-
-def _train(rank: int, options: dict[str, Any]) -> dict[str, Any]:
-    return Trainer.from_config(TrainConfig(**SMALL, **options)).fit()
-
-
 def test_the_trainer_runs_ep_zero_and_sequence_parallel_to_the_losses_and_load_of_one_process() -> None:
     options = {"ep": 2, "tp": 2, "sequence_parallel": True, "zero": 1, "batch_size": 32}
-    with_sp = spawn(_train, 4, (options,), timeout_s=120)[0]
-    plain = _train(0, {"batch_size": 64})  # EP 1 in a world of one: the same 64 sequences a step
+    with_sp = spawn(train, 4, (options,), timeout_s=120)[0]
+    plain = train(0, {"batch_size": 64})  # EP 1 in a world of one: the same 64 sequences a step
     assert with_sp["sequence_parallel"] is True and "sequence_parallel" not in plain  # tp 1: no key
     assert (with_sp["ep"], with_sp["tp"], with_sp["dp"], with_sp["steps"]) == (2, 2, 2, plain["steps"])
     for key in ("train_loss", "final_loss", "test_loss", "expert_load"):

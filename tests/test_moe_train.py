@@ -9,25 +9,14 @@ import pytest
 
 from ringtree.processes import spawn
 from ringtree.train import TrainConfig, Trainer
-
-SMALL = {
-    "model": "moe",
-    "dataset": "tests.moe_data:small",
-    "epochs": 1,
-    "progress": False,
-    "straggler_every": 0,
-}
-
-
-def _train(rank: int, options: dict[str, Any]) -> dict[str, Any]:
-    return Trainer.from_config(TrainConfig(**SMALL, **options)).fit()
+from tests.moe_data import SMALL, train
 
 
 @pytest.mark.parametrize("ep", [2])
 def test_moe_with_ep_zero_tp_and_pp_trains_to_the_losses_of_one_process(ep: int) -> None:
-    plain = _train(0, {"batch_size": 64})  # a world of one: the same 64 sequences a step as DP 2 x 32
+    plain = train(0, {"batch_size": 64})  # a world of one: the same 64 sequences a step as DP 2 x 32
     composed = {"ep": ep, "zero": 1, "tp": 2, "pp": 2, "micro_batches": 2, "batch_size": 16}
-    every = spawn(_train, 8, (composed,), timeout_s=240)[0]
+    every = spawn(train, 8, (composed,), timeout_s=240)[0]
     assert (plain["dp"], plain["ep"], every["dp"], every["ep"], every["tp"], every["pp"]) == (
         1,
         1,
@@ -41,7 +30,7 @@ def test_moe_with_ep_zero_tp_and_pp_trains_to_the_losses_of_one_process(ep: int)
         assert every[key] == pytest.approx(plain[key], rel=1e-4), key
     assert every["experts"] == 8 and every["top_k"] == 2 and every["tokens_dropped"] == 0.0
     assert every["a2a_time_s"] > 0.0 and plain["a2a_time_s"] == 0.0
-    context = spawn(_train, 4, ({"cp": 2, "ep": 4, "batch_size": 32},), timeout_s=240)[0]
+    context = spawn(train, 4, ({"cp": 2, "ep": 4, "batch_size": 32},), timeout_s=240)[0]
     assert (context["dp"], context["cp"], context["ep"]) == (2, 2, 4)  # EP folded over DP x CP
     for key in ("train_loss", "final_loss", "test_loss"):
         assert context[key] == pytest.approx(plain[key], rel=1e-4), key
