@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.nccl_published import summary
 from ringtree.sim.network.alltoall import alltoall_time
 from ringtree.sim.network.clusters import preset_cluster
 from ringtree.sim.network.hardware import Cluster
@@ -92,12 +92,6 @@ def compare(table: Table) -> list[dict[str, Any]]:
              "predicted_us": predicted, "error": predicted / measured - 1.0}
         )  # fmt: skip
     return out
-
-
-def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Median and max |error| of some rows."""
-    errors = [abs(r["error"]) for r in rows]
-    return {"median_abs_error": statistics.median(errors), "max_abs_error": max(errors), "rows": len(rows)}
 
 
 def results() -> dict[str, Any]:

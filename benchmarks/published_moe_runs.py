@@ -30,17 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import statistics
-import subprocess
 import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.published_runs import run_cli
+from benchmarks.published_runs import environment, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data" / "published-runs-moe.json"
@@ -209,15 +207,6 @@ def markdown(data: dict[str, Any], results: list[dict[str, Any]]) -> str:
     reasons = Counter(r["reason"] for r in results if r["status"] != "ok")
     out += [f"- {reason} ({n} rows)" for reason, n in reasons.most_common()]
     return "\n".join(out) + "\n"
-
-
-def environment() -> dict[str, str]:
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "ringtree_commit": rev.stdout.strip(),
-    }
 
 
 def main() -> None:
