@@ -100,18 +100,38 @@ def matmul_rows(
 def layer_rows(
     block: torch.nn.Module, cfg: GPTConfig, micro_batch: int, device: torch.device, repeats: int
 ) -> tuple[float, float]:
-    """Forward and backward seconds of the block (the backward: forward + backward minus forward)."""
+    """Forward and backward seconds of the block, each timed on its own."""
     x = torch.randn(
         micro_batch, cfg.max_len, cfg.dim, device=device, dtype=torch.bfloat16, requires_grad=True
     )
     grad = torch.randn_like(x)
 
-    def both() -> None:
-        block(x).backward(grad)
-
     forward = timed(lambda: block(x), device, repeats)
-    total = timed(both, device, repeats)
-    return forward, max(total - forward, 0.0)
+    return forward, timed_backward(block, x, grad, device, repeats)
+
+
+def timed_backward(
+    block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, device: torch.device, repeats: int
+) -> float:
+    """Median seconds of the block's backward alone: each call's forward runs untimed before it (a
+    difference of two noisy medians, forward + backward minus forward, can come out at or below 0)."""
+
+    def backward() -> None:
+        out = block(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out.backward(grad)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+
+    times: list[float] = []
+    backward()  # warm-up
+    times.clear()
+    for _ in range(repeats):
+        backward()
+    return statistics.median(times)
 
 
 def measure(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
