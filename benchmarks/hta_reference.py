@@ -55,7 +55,11 @@ def figures(files: dict[int, str]) -> dict[str, Any]:
                 "idle_pct": float(row["idle_time_pctg"]),
                 "comm_overlap_pct": float(overlap.set_index("rank").loc[rank, "comp_comm_overlap_pctg"]),
                 "idle_by_stream": [
-                    {"stream": int(r["stream"]), "category": r["idle_category"], "idle_us": float(r["idle_time"])}
+                    {
+                        "stream": int(r["stream"]),
+                        "category": r["idle_category"],
+                        "idle_us": float(r["idle_time"]),
+                    }
                     for r in idle[idle["rank"] == rank].to_dict("records")
                 ],
             }

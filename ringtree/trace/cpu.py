@@ -47,7 +47,7 @@ def _collectives(work: list[HostRow], steps: list[Step], world: int, group: str)
             continue
         if name.startswith("gloo:") and any(s <= start and end <= e and t == tid for s, e, t in outer):
             continue  # the point-to-point transfers of one of ringtree's schedules
-        nbytes, dtype, size = sizes.from_host_ops(op, [data], world)
+        nbytes, dtype, size = sizes.from_host_ops(op, [(name, data)], world)
         step = step_of(steps, starts, start)
         out.append(Collective(op, group, size, nbytes, dtype, start, end, start, -1, step, "host op"))
     return out

@@ -29,7 +29,9 @@ class Intervals:
     launch: NDArray[np.int64]
 
     def select(self, mask: NDArray[np.bool_]) -> Intervals:
-        return Intervals(self.start[mask], self.end[mask], self.kind[mask], self.lane[mask], self.launch[mask])
+        return Intervals(
+            self.start[mask], self.end[mask], self.kind[mask], self.lane[mask], self.launch[mask]
+        )
 
     def of(self, kind: int) -> Intervals:
         return self.select(self.kind == kind)

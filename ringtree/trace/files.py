@@ -20,7 +20,9 @@ def discover(paths: list[Path]) -> list[Path]:
         if path.is_dir():
             inside = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
             if not inside:
-                raise ValueError(f"{path} holds no trace files (*.json or *.json.gz); name the folder of one run")
+                raise ValueError(
+                    f"{path} holds no trace files (*.json or *.json.gz); name the folder of one run"
+                )
             found += inside
         elif path.is_file():
             found.append(path)
@@ -44,12 +46,18 @@ def load(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        where = f" (line {e.lineno}, column {e.colno}: {e.msg})" if isinstance(e, json.JSONDecodeError) else ""
-        raise ValueError(f"{path} is not JSON{where}; pass a torch.profiler trace (.json or .json.gz)") from None
+        where = (
+            f" (line {e.lineno}, column {e.colno}: {e.msg})" if isinstance(e, json.JSONDecodeError) else ""
+        )
+        raise ValueError(
+            f"{path} is not JSON{where}; pass a torch.profiler trace (.json or .json.gz)"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise ValueError(f"{path} is not a Chrome trace (no traceEvents list); pass a torch.profiler trace")
     if not any(isinstance(e, dict) and e.get("ph") == "X" for e in doc["traceEvents"]):
-        raise ValueError(f"{path} holds no events (traceEvents has no timed 'X' events); profile at least one step")
+        raise ValueError(
+            f"{path} holds no events (traceEvents has no timed 'X' events); profile at least one step"
+        )
     return doc
 
 

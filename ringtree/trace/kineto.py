@@ -64,7 +64,7 @@ class _Pass:
         self.base = base
         # kernels: (start, end, kind, stream, correlation, name, collective args or None)
         self.kernels: list[tuple[int, int, int, int, int, str, dict[str, Any] | None]] = []
-        self.launches: dict[int, tuple[int, int]] = {}  # correlation -> (host start, thread)
+        self.launches: dict[int, tuple[int, Any]] = {}  # correlation -> (host start, thread)
         self.host: list[tuple[int, int, Any, str, str, dict[str, Any] | None]] = []  # cpu runs, comm ops
         self.steps: list[tuple[int, int, int, Any]] = []  # (number, start, end, thread)
         self.first, self.last = 1 << 62, -(1 << 62)
@@ -95,7 +95,9 @@ class _Pass:
             if m:
                 self.steps.append((int(m.group(1)), start, end, tid))
             elif cat != "python_function":
-                data = {k: args[k] for k in _HOST_DATA if k in args} if names.is_host_collective(name) else None
+                data = (
+                    {k: args[k] for k in _HOST_DATA if k in args} if names.is_host_collective(name) else None
+                )
                 self.host.append((start, end, tid, name, str(cat), data))
 
     def launch_of(self, correlation: int) -> int:
@@ -153,9 +155,10 @@ def _gpu_collectives(p: _Pass, world: int | None, steps: list[Step]) -> list[Col
             out.append(Collective(op, group, size, nbytes, dtype, start, end, at, seq, step, "kernel args"))
             continue
         records = host.around(*launch) if launch else []
-        op = next((o for r in records if (o := names.collective_op(r[0]))), None)
-        if op is not None:
-            nbytes, dtype, size = sizes.from_host_ops(op, [r[1] for r in records], world or 1)
+        found = next((o for r in records if (o := names.collective_op(r[0]))), None)
+        if found is not None:
+            op = found
+            nbytes, dtype, size = sizes.from_host_ops(op, records, world or 1)
             out.append(Collective(op, "0", size, nbytes, dtype, start, end, at, -1, step, "host op"))
             continue
         op = names.kernel_op(name) or "send_recv"

@@ -25,27 +25,47 @@ def from_kernel_args(args: Mapping[str, Any]) -> tuple[int, str, int, str, int]:
     return nelems * itemsize, dtype_name, size, group, _int(args.get("Seq"), -1)
 
 
-def from_host_ops(op: str, records: Sequence[Mapping[str, Any]], world: int) -> tuple[int, str, int]:
-    """(bytes, dtype, group size) from the host ops around a collective (c10d's, NCCL's, gloo's)."""
-    tensors: list[tuple[int, str]] = []  # (elements, dtype) of each tensor argument
-    for args in records:
-        dims, types = args.get("Input Dims") or [], args.get("Input type") or []
-        for shape, kind in zip(dims, list(types) + [""] * len(dims), strict=False):
-            n = _numel(shape)
-            if n:
-                tensors.append((n, str(kind)))
-    if not tensors:
+def from_host_ops(
+    op: str, records: Sequence[tuple[str, Mapping[str, Any]]], world: int
+) -> tuple[int, str, int]:
+    """(bytes, dtype, group size) from the host ops around a collective, innermost first: NCCL's,
+    gloo's or ringtree's record function lists the input tensor, c10d's op the output and then
+    the input (an all-gather's output and a reduce-scatter's input are group-size times the
+    other, which gives the group's size where the trace does not say it)."""
+    record = next((args for name, args in records if not name.startswith("c10d::")), None)
+    c10d = next((args for name, args in records if name.startswith("c10d::")), None)
+    c10d_tensors = _tensors(c10d) if c10d is not None else []
+    tensors = _tensors(record) if record is not None else []
+    if tensors:
+        inp = tensors[0]
+    elif len(c10d_tensors) >= 2:
+        inp = c10d_tensors[1]
+    elif c10d_tensors:
+        inp = c10d_tensors[0]
+    else:
         return 0, "", world
-    largest, kind = max(tensors)
-    dtype_name, itemsize = names.dtype(kind) or (kind, 0)
-    group = world
+    out = c10d_tensors[0] if len(c10d_tensors) >= 2 else None
+    dtype_name, itemsize = names.dtype(inp[1]) or (inp[1], 0)
+    total, group = inp[0], world
     if op == "all_gather":
-        smallest = min(n for n, _ in tensors)
-        if largest > smallest and largest % smallest == 0:
-            group = largest // smallest  # c10d's op lists the gathered output beside the input
+        if out is not None and out[0] > inp[0] and out[0] % inp[0] == 0:
+            total, group = out[0], out[0] // inp[0]
         else:
-            largest *= world  # only the input is known: the output is world x larger
-    return largest * itemsize, dtype_name, group
+            total = inp[0] * world
+    elif op == "reduce_scatter" and out is not None and inp[0] > out[0] and inp[0] % out[0] == 0:
+        group = inp[0] // out[0]
+    return total * itemsize, dtype_name, group
+
+
+def _tensors(args: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(elements, dtype) of each tensor argument of a host op (`Input Dims`, `Input type`)."""
+    dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+    out = []
+    for shape, kind in zip(dims, list(types) + [""] * len(dims), strict=False):
+        n = _numel(shape)
+        if n:
+            out.append((n, str(kind)))
+    return out
 
 
 def from_kernel_name(name: str) -> str:

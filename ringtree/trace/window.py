@@ -40,7 +40,9 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
     try:
         first, last = int(a), int(b)
     except ValueError:
-        raise ValueError(f"--steps {text!r}: write it as FIRST:LAST, e.g. 3:5 (ProfilerStep numbers)") from None
+        raise ValueError(
+            f"--steps {text!r}: write it as FIRST:LAST, e.g. 3:5 (ProfilerStep numbers)"
+        ) from None
     if not sep or first > last:
         raise ValueError(f"--steps {text!r}: write it as FIRST:LAST with FIRST <= LAST, e.g. 3:5")
     return first, last
@@ -64,7 +66,9 @@ def window(trace: RankTrace, steps: tuple[int, int] | None) -> Window:
             f"{trace.path}: --steps {first}:{final} is outside the trace (its ProfilerSteps: {have}); "
             "choose steps it holds"
         )
-    return Window(min(s.start for s in inside), max(s.end for s in inside), tuple(s.number for s in inside), True)
+    return Window(
+        min(s.start for s in inside), max(s.end for s in inside), tuple(s.number for s in inside), True
+    )
 
 
 def step_seconds(trace: RankTrace, w: Window) -> float | None:
