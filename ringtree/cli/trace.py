@@ -84,10 +84,10 @@ def show(r: Report) -> None:
     """The verdict first, then the tables."""
     d = r.as_dict()
     for line in d["verdict"]:
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
     console.print("")
     print_table(
-        "per rank (seconds over the steps analysed; % of kernel time, HTA's definitions)",
+        "per rank (seconds over the steps; % of kernel time as HTA)",
         [
             "rank",
             "step (ms)",
@@ -104,7 +104,7 @@ def show(r: Report) -> None:
     if r.collectives:
         console.print("")
         print_table(
-            "collectives (time: each call's shortest duration among the ranks; wait: the rest)",
+            "collectives (time: shortest duration among ranks; wait: the rest)",
             [
                 "group",
                 "op",

@@ -70,14 +70,14 @@ class _Pass:
         self.first, self.last = 1 << 62, -(1 << 62)
 
     def ns(self, us: Any) -> int:
-        return (us * 1000 if isinstance(us, int) else round(us * 1000)) + self.base
+        return _ns(us) + self.base
 
     def add(self, e: dict[str, Any]) -> None:
         cat, ts, dur = e.get("cat"), e.get("ts"), e.get("dur")
         if cat is None or ts is None or dur is None or cat == "Trace":
             return
         start = self.ns(ts)
-        end = self.ns(ts + dur)
+        end = start + _ns(dur)
         self.first, self.last = min(self.first, start), max(self.last, end)
         name = str(e.get("name", ""))
         args = e.get("args") or {}
@@ -103,6 +103,15 @@ class _Pass:
     def launch_of(self, correlation: int) -> int:
         found = self.launches.get(correlation)
         return -1 if found is None else found[0]
+
+
+def _ns(us: Any) -> int:
+    """Microseconds (an int, or a float with nanosecond decimals) as integer nanoseconds, exactly:
+    epoch microseconds times 1000 would lose precision in a float."""
+    if isinstance(us, int):
+        return us * 1000
+    whole = int(us)
+    return whole * 1000 + round((us - whole) * 1000)
 
 
 def _world(info: Mapping[str, Any]) -> int | None:

@@ -42,14 +42,6 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def check_one_run(traces: list[RankTrace]) -> None:
-    by_rank: dict[int, RankTrace] = {}
-    for t in traces:
-        if t.rank in by_rank:
-            raise ValueError(
-                f"{by_rank[t.rank].path} and {t.path} both hold rank {t.rank}; "
-                "pass one file per rank of one run"
-            )
-        by_rank[t.rank] = t
     sized = [t for t in traces if t.world_size is not None]
     for t in sized[1:]:
         if t.world_size != sized[0].world_size:
@@ -63,6 +55,14 @@ def check_one_run(traces: list[RankTrace]) -> None:
             raise ValueError(
                 f"{t.path} claims rank {t.rank} of a world of {t.world_size}; the file is damaged"
             )
+    by_rank: dict[int, RankTrace] = {}
+    for t in traces:
+        if t.rank in by_rank:
+            raise ValueError(
+                f"{by_rank[t.rank].path} and {t.path} both hold rank {t.rank}; "
+                "pass one file per rank of one run"
+            )
+        by_rank[t.rank] = t
     earliest = min(traces, key=lambda t: t.last)
     for t in traces:
         if t.first > earliest.last + SKEW_NS:
