@@ -1,4 +1,5 @@
-"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | trace | show | doctor | emulate`,
+"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | trace | show | doctor |
+emulate`,
 `ringtree checkpoint inspect | consolidate`."""
 
 from __future__ import annotations
