@@ -111,7 +111,7 @@ def _ns(us: Any) -> int:
     if isinstance(us, int):
         return us * 1000
     whole = int(us)
-    return whole * 1000 + int(round((float(us) - whole) * 1000))
+    return whole * 1000 + round((float(us) - whole) * 1000)
 
 
 def _world(info: Mapping[str, Any]) -> int | None:
