@@ -1,0 +1,77 @@
+"""`ringtree train --profile DIR` writes a torch.profiler trace per rank, and `ringtree trace DIR`
+reads it: a 4-rank gloo run whose rank 2 sleeps before each step's all-reduce in its first steps
+names rank 2 and about the time it costs in those steps, and no rank in the steps after."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ringtree.cli.app import app
+
+SLEEP_S = 0.03
+PARAMETERS = 64 * 128 + 128 + 128 * 10 + 10  # trace_models.slow_rank_mlp
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 4-rank run, steps 1-8 profiled; rank 2 sleeps in steps 0-4 only."""
+    folder = tmp_path_factory.mktemp("profiled")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RINGTREE_TEST_SLOW_RANK", f"2:{SLEEP_S}:5")
+    args = ["train", "--nproc", "4", "--model", "trace_models:slow_rank_mlp", "--epochs", "1"]
+    args += ["--profile", str(folder / "traces"), "--profile-steps", "1:8", "--no-progress"]
+    try:
+        result = CliRunner().invoke(app, [*args, "--json", str(folder / "summary.json")])
+    finally:
+        mp.undo()
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def _trace(folder: Path, steps: str) -> dict[str, object]:
+    out = folder / f"report-{steps.replace(':', '-')}.json"
+    result = CliRunner().invoke(app, ["trace", str(folder / "traces"), "--steps", steps, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report: dict[str, object] = json.loads(out.read_text())
+    return report
+
+
+def test_one_trace_per_rank_with_its_steps(profiled: Path) -> None:
+    names = sorted(p.name for p in (profiled / "traces").iterdir())
+    assert names == [f"rank{r}.json.gz" for r in range(4)]
+    report = _trace(profiled, "1:8")
+    assert report["device"] == "cpu" and report["world_size"] == 4 and report["steps"] == list(range(1, 9))
+    (row,) = report["collectives"]  # type: ignore[misc]
+    assert row["op"] == "all_reduce" and row["matched_ranks"] == 4 and row["count"] == 8
+    assert row["bytes"] == 4 * PARAMETERS and row["dtype"] == "float32"  # one bucket: every gradient
+
+
+def test_the_slow_rank_is_named_with_what_it_costs(profiled: Path) -> None:
+    report = _trace(profiled, "1:4")
+    (straggler,) = report["stragglers"]  # type: ignore[misc]
+    assert straggler["rank"] == 2 and straggler["steps"] == [1, 2, 3, 4]
+    assert 0.4 * SLEEP_S < straggler["late_s_per_step"] < 1.5 * SLEEP_S
+    assert re.match(r"rank 2 is the straggler", report["verdict"][2])  # type: ignore[index]
+    slow = [r for r in report["ranks"] if r["rank"] == 2][0]  # type: ignore[attr-defined]
+    assert slow["idle_host_wait_s"] > 4 * 0.5 * SLEEP_S  # the sleep: the thread runs no operator
+
+
+def test_no_slow_rank_no_straggler(profiled: Path) -> None:
+    report = _trace(profiled, "6:8")
+    assert report["stragglers"] == []
+    assert "no straggler" in " ".join(report["verdict"])  # type: ignore[arg-type]
+
+
+def test_profile_options_are_checked_before_any_worker(tmp_path: Path) -> None:
+    for args, said in (
+        (["--profile-steps", "2:5"], "--profile-steps needs --profile"),
+        (["--profile", str(tmp_path / "p"), "--profile-steps", "5:2"], "FIRST:LAST"),
+    ):
+        result = CliRunner().invoke(app, ["train", "--nproc", "2", *args], env={"COLUMNS": "300"})
+        assert result.exit_code == 2, result.output
+        assert said in result.output
