@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -33,11 +34,11 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _trace(folder: Path, steps: str) -> dict[str, object]:
+def _trace(folder: Path, steps: str) -> dict[str, Any]:
     out = folder / f"report-{steps.replace(':', '-')}.json"
     result = CliRunner().invoke(app, ["trace", str(folder / "traces"), "--steps", steps, "--json", str(out)])
     assert result.exit_code == 0, result.output
-    report: dict[str, object] = json.loads(out.read_text())
+    report: dict[str, Any] = json.loads(out.read_text())
     return report
 
 
@@ -46,25 +47,25 @@ def test_one_trace_per_rank_with_its_steps(profiled: Path) -> None:
     assert names == [f"rank{r}.json.gz" for r in range(4)]
     report = _trace(profiled, "1:8")
     assert report["device"] == "cpu" and report["world_size"] == 4 and report["steps"] == list(range(1, 9))
-    (row,) = report["collectives"]  # type: ignore[misc]
+    (row,) = report["collectives"]
     assert row["op"] == "all_reduce" and row["matched_ranks"] == 4 and row["count"] == 8
     assert row["bytes"] == 4 * PARAMETERS and row["dtype"] == "float32"  # one bucket: every gradient
 
 
 def test_the_slow_rank_is_named_with_what_it_costs(profiled: Path) -> None:
     report = _trace(profiled, "1:4")
-    (straggler,) = report["stragglers"]  # type: ignore[misc]
+    (straggler,) = report["stragglers"]
     assert straggler["rank"] == 2 and straggler["steps"] == [1, 2, 3, 4]
     assert 0.4 * SLEEP_S < straggler["late_s_per_step"] < 1.5 * SLEEP_S
-    assert re.match(r"rank 2 is the straggler", report["verdict"][2])  # type: ignore[index]
-    slow = [r for r in report["ranks"] if r["rank"] == 2][0]  # type: ignore[attr-defined]
+    assert any(re.match(r"rank 2 is the straggler", line) for line in report["verdict"])
+    slow = next(r for r in report["ranks"] if r["rank"] == 2)
     assert slow["idle_host_wait_s"] > 4 * 0.5 * SLEEP_S  # the sleep: the thread runs no operator
 
 
 def test_no_slow_rank_no_straggler(profiled: Path) -> None:
     report = _trace(profiled, "6:8")
     assert report["stragglers"] == []
-    assert "no straggler" in " ".join(report["verdict"])  # type: ignore[arg-type]
+    assert "no straggler" in " ".join(report["verdict"])
 
 
 def test_profile_options_are_checked_before_any_worker(tmp_path: Path) -> None:

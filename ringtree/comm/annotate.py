@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from torch._C._autograd import _record_function_with_args_enter, _record_function_with_args_exit
 
 
 @contextmanager
@@ -19,8 +20,8 @@ def span(name: str, tensor: torch.Tensor) -> Iterator[None]:
     if not torch.autograd.profiler._is_profiler_enabled:
         yield
         return
-    handle = torch.autograd._record_function_with_args_enter(name, tensor)
+    handle = _record_function_with_args_enter(name, tensor)
     try:
         yield
     finally:
-        torch.autograd._record_function_with_args_exit(handle)
+        _record_function_with_args_exit(handle)
