@@ -247,3 +247,30 @@ def test_bad_input_is_refused_naming_the_file(tmp_path: Path) -> None:
     _refused([str(TRACES / "ddp-a100"), "--steps", "7:9"], tmp_path, r"--steps 7:9 is outside the trace")
     _refused([str(TRACES / "ddp-a100"), "--steps", "x"], tmp_path, r"FIRST:LAST")
     _refused([str(tmp_path / "none")], tmp_path, r"does not exist")
+
+
+def test_ringtree_timeline_reads_as_a_trace(tmp_path: Path) -> None:
+    """`ringtree train --trace FILE` writes Kineto's vocabulary (ProfilerStep#, distributedInfo):
+    one file for every rank, read per rank; its bucket spans are the collectives."""
+    from ringtree.train.trace import Event, write as write_timeline
+
+    events = []
+    for rank in range(2):
+        for k in range(4):
+            t = 100.0 + k * 0.010
+            late = 0.002 if rank == 1 else 0.0
+            events += [
+                Event(f"ProfilerStep#{k}", rank, "compute", t, t + 0.010),
+                Event("forward", rank, "compute", t, t + 0.003 + late),
+                Event("backward", rank, "compute", t + 0.003 + late, t + 0.009),
+                Event("all_reduce bucket 0", rank, "comm", t + 0.006 + late, t + 0.009, {"bytes": 4096}),
+            ]
+    path = tmp_path / "timeline.json"
+    write_timeline(path, events, "gloo")
+    result = report.analyse(load.read_all([path]))
+    assert [t.rank for t in result.traces] == [0, 1] and result.steps == [0, 1, 2]
+    (row,) = result.collectives
+    assert (row.op, row.nbytes, row.count, row.ranks) == ("all_reduce", 4096, 3, 2)
+    assert row.median_s == pytest.approx(0.001)
+    assert [s.rank for s in result.stragglers] == [1]
+    assert result.stragglers[0].late_s_per_step == pytest.approx(0.002)

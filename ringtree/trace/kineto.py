@@ -70,14 +70,14 @@ class _Pass:
         self.first, self.last = 1 << 62, -(1 << 62)
 
     def ns(self, us: Any) -> int:
-        return _ns(us) + self.base
+        return nanoseconds(us) + self.base
 
     def add(self, e: dict[str, Any]) -> None:
         cat, ts, dur = e.get("cat"), e.get("ts"), e.get("dur")
         if cat is None or ts is None or dur is None or cat == "Trace":
             return
         start = self.ns(ts)
-        end = start + _ns(dur)
+        end = start + nanoseconds(dur)
         self.first, self.last = min(self.first, start), max(self.last, end)
         name = str(e.get("name", ""))
         args = e.get("args") or {}
@@ -105,7 +105,7 @@ class _Pass:
         return -1 if found is None else found[0]
 
 
-def _ns(us: Any) -> int:
+def nanoseconds(us: Any) -> int:
     """Microseconds (an int, or a float with nanosecond decimals) as integer nanoseconds, exactly:
     epoch microseconds times 1000 would lose precision in a float."""
     if isinstance(us, int):

@@ -340,6 +340,7 @@ class _Run:
 
     def _train_unit(self, unit: list[Any]) -> None:
         start, a2a, a2a_exposed = time.perf_counter(), A2A_CLOCK.seconds, A2A_CLOCK.exposed
+        first = self.step
         self.loss.reset()
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipe is None:
@@ -347,6 +348,7 @@ class _Run:
         else:
             samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
         elapsed = time.perf_counter() - start
+        self.recorder.add(f"ProfilerStep#{first}", start, start + elapsed)  # as torch.profiler marks steps
         self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
         self.a2a_s.append((A2A_CLOCK.seconds - a2a, A2A_CLOCK.exposed - a2a_exposed))
         held = memory.model_state_bytes(self.net, self.optimizer)
