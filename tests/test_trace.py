@@ -252,7 +252,8 @@ def test_bad_input_is_refused_naming_the_file(tmp_path: Path) -> None:
 def test_ringtree_timeline_reads_as_a_trace(tmp_path: Path) -> None:
     """`ringtree train --trace FILE` writes Kineto's vocabulary (ProfilerStep#, distributedInfo):
     one file for every rank, read per rank; its bucket spans are the collectives."""
-    from ringtree.train.trace import Event, write as write_timeline
+    from ringtree.train.trace import Event
+    from ringtree.train.trace import write as write_timeline
 
     events = []
     for rank in range(2):
