@@ -522,6 +522,24 @@ OUTPUTS: dict[str, Output] = {
             "stragglers[].steps": "the steps in which it kept the others waiting the most",
         },
     ),
+    "plan-from-trace": Output(
+        "ringtree plan --from-trace DIR --json FILE",
+        "the step keys of `plan`, and",
+        {
+            "from_trace": "the traces read",
+            "measured_run_step_s": "the traced run's step: the median rank's mean ProfilerStep",
+            "predicted_run_step_s": "the step the planner predicts for the traced run's own layout",
+            "speedup": "predicted throughput on the cluster over the traced run's",
+            "traced_compute_s": "compute per step: the measured step less its exposed communication",
+            "traced_grad_bytes": "bytes all-reduced per step (the gradients)",
+            "traced_overlap_pct": "how much of the run's communication overlapped compute",
+            "traced_wait_s": (
+                "per step, the run's exposed communication beyond what the planner predicts for its "
+                "own layout (ranks waiting for each other): kept in the plan"
+            ),
+            "cluster": "the modelled cluster",
+        },
+    ),
     "plan-from-run": Output(
         "ringtree plan --from-run RUN.json --json FILE",
         "the step keys of `plan`, and",

@@ -76,3 +76,23 @@ def test_profile_options_are_checked_before_any_worker(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["train", "--nproc", "2", *args], env={"COLUMNS": "300"})
         assert result.exit_code == 2, result.output
         assert said in result.output
+
+
+def test_plan_from_the_trace_reproduces_the_measured_step(profiled: Path) -> None:
+    """The traced run's own layout gives its measured step back (within 10%); more nodes on a
+    slower network predict a longer all-reduce, with the run's waiting kept."""
+    from ringtree.json_keys import OUTPUTS
+
+    links = ["--intra", "pcie-gen3", "--inter", "eth-10g"]
+    own, more = profiled / "own.json", profiled / "more.json"
+    traces = str(profiled / "traces")
+    for args, out in (([], own), (["--nodes", "4", "--gpus-per-node", "4"], more)):
+        result = CliRunner().invoke(app, ["plan", "--from-trace", traces, *links, *args, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+    mine, asked = json.loads(own.read_text()), json.loads(more.read_text())
+    summary = json.loads((profiled / "summary.json").read_text())
+    assert mine["predicted_run_step_s"] == pytest.approx(mine["measured_run_step_s"], rel=0.10)
+    assert mine["measured_run_step_s"] == pytest.approx(summary["step_time_s"], rel=0.5)  # the same run
+    assert mine["traced_grad_bytes"] == 4 * PARAMETERS
+    assert asked["ranks"] == 16 and asked["dp_allreduce_s"] > mine["dp_allreduce_s"]
+    assert set(asked) - set(OUTPUTS["plan"].keys) <= set(OUTPUTS["plan-from-trace"].keys)
