@@ -489,7 +489,10 @@ OUTPUTS: dict[str, Output] = {
             "ranks[].step_time_s": "the mean ProfilerStep duration on this rank's host, or null",
             "ranks[].steps": "the ProfilerStep numbers analysed on this rank",
             "collectives": "one entry per group, op, size and dtype, the most time first",
-            "collectives[].group": "the process group's name (Kineto's `Process Group Name`; 0: the default)",
+            "collectives[].group": (
+                "the process group's name (Kineto's `Process Group Name`; 0: the default; unnamed-N: a "
+                "group of N ranks in a trace that names none)"
+            ),
             "collectives[].op": (
                 "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce, send, recv, "
                 "send_recv (a point-to-point kernel the trace does not say more about), barrier"

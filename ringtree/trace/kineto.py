@@ -168,7 +168,8 @@ def _gpu_collectives(p: _Pass, world: int | None, steps: list[Step]) -> list[Col
         if found is not None:
             op = found
             nbytes, dtype, size = sizes.from_host_ops(op, records, world or 1)
-            out.append(Collective(op, "0", size, nbytes, dtype, start, end, at, -1, step, "host op"))
+            group = "0" if world is None or size == world else f"unnamed-{size}"  # old traces name none
+            out.append(Collective(op, group, size, nbytes, dtype, start, end, at, -1, step, "host op"))
             continue
         op = names.kernel_op(name) or "send_recv"
         dtype = sizes.from_kernel_name(name)
