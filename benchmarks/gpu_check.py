@@ -25,7 +25,11 @@ failed (with the error) so that one broken path does not hide the others:
   output and input gradient, ms per forward + backward; on CUDA also the experts' grouped matmul
   (torch._grouped_mm, bf16) against the per-expert loop;
 - checkpoint: peak memory of a deeper vit's forward + backward with and without activation
-  checkpointing (torch.utils.checkpoint, through the vit's checkpoint_segments).
+  checkpointing (torch.utils.checkpoint, through the vit's checkpoint_segments);
+- trace: steps of ringtree's DDP (native: NCCL) profiled by `--profile`'s StepProfiler (CUDA
+  activity too), one file per rank, read back by `ringtree trace`'s analysis: kernels on streams,
+  every collective classified and sized (whatever the NCCL version's kernel names), the NCCL
+  kernel names seen.
 
 Ranks are started by torch's elastic launcher (torch.distributed.launcher.api.elastic_launch),
 not by hand. On a machine without CUDA it prints "no CUDA device: nothing to check", writes a JSON
@@ -405,6 +409,55 @@ def check_moe(device: torch.device) -> dict[str, Any]:
     return result
 
 
+def check_trace(device: torch.device) -> dict[str, Any]:
+    """Profile 4 DDP steps per rank (StepProfiler, as `train --profile`), then read them back."""
+    import tempfile
+
+    from ringtree.trace import load, report
+    from ringtree.train.profile import StepProfiler
+
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+    folder = Path(tempfile.gettempdir()) / f"ringtree-gpu-check-trace-{run}"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=ids, algorithm="native", timeout_s=TIMEOUT_S)
+    x = torch.randn(256, 1024, device=device)
+    profiler = StepProfiler(str(folder), "1:4", dist.get_rank(), device)
+    for step in range(6):
+        profiler.before(step)
+        model.zero_grad(set_to_none=True)
+        ddp(x).square().mean().backward()
+        _sync(device)
+        profiler.after(step + 1)
+    profiler.close()
+    dist.barrier()
+    if dist.get_rank() != 0:
+        return {"ok": True}
+    traces = load.read_all([folder])
+    r = report.analyse(traces)
+    kernels = sorted({k for t in traces for k in _nccl_kernel_names(t.path)})
+    ops = {(row.op, row.nbytes) for row in r.collectives}
+    return {
+        "device_kind": traces[0].device,
+        "ranks": [row["rank"] for row in r.rank_rows()],
+        "compute_pct": [row["compute_pct"] for row in r.rank_rows()],
+        "comm_overlap_pct": [row["comm_overlap_pct"] for row in r.rank_rows()],
+        "collectives": [row.as_dict() for row in r.collectives],
+        "nccl_kernels": kernels[:10],
+        "ok": traces[0].device == ("gpu" if device.type == "cuda" else "cpu")
+        and all(op != "send_recv" and n > 0 for op, n in ops)
+        and any(op == "all_reduce" for op, _ in ops),
+    }
+
+
+def _nccl_kernel_names(path: str) -> set[str]:
+    import gzip
+
+    doc = json.loads(gzip.decompress(Path(path).read_bytes()))
+    return {e["name"] for e in doc["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"].lower()}
+
+
 CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "ddp": check_ddp,
     "tp": check_tp,
@@ -414,6 +467,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "checkpoint": check_checkpoint,
     "zero": check_zero,
     "moe": check_moe,
+    "trace": check_trace,
 }
 
 

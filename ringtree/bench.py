@@ -18,6 +18,7 @@ from ringtree import comm
 from ringtree.comm import shm
 from ringtree.comm.collectives import NATIVE
 from ringtree.comm.reduce_ops import check_op
+from ringtree.sim.network.busbw import busbw_factor
 
 # The rows `--json` writes: exactly these keys, in this order.
 ROW_KEYS = (
@@ -130,15 +131,6 @@ def torch_dtype(name: str) -> torch.dtype:
         names = ", ".join(str(d).removeprefix("torch.") for d in comm.DTYPES)
         raise ValueError(f"unknown dtype {name!r}; choose one of {names}")
     return dtype
-
-
-def busbw_factor(collective: str, p: int) -> float:
-    """nccl-tests' bus-bandwidth factor: what each rank's link carries relative to the data size."""
-    if collective == "all_reduce":
-        return 2 * (p - 1) / p
-    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
-        return (p - 1) / p
-    return 1.0
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:

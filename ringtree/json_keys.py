@@ -447,6 +447,102 @@ OUTPUTS: dict[str, Output] = {
             "configurations": "the top ten layouts, each with the keys of `plan`",
         },
     ),
+    "trace": Output(
+        "ringtree trace PATH... --json FILE",
+        "one object: the verdict, then per rank, per collective and the stragglers",
+        {
+            "verdict": "what to look at first, as the lines the command prints first",
+            "world_size": "ranks in the run (the traces' distributedInfo)",
+            "device": "gpu (kernels on streams) or cpu (operators and gloo collectives on threads)",
+            "steps": "the ProfilerStep numbers analysed on every rank",
+            "step_time_s": "the median over ranks of the mean ProfilerStep duration on the host",
+            "files": "the trace files read, by rank",
+            "ranks": "one entry per rank",
+            "ranks[].rank": "the rank",
+            "ranks[].file": "its trace file",
+            "ranks[].device": "gpu or cpu",
+            "ranks[].kernel_s": (
+                "HTA's kernel time: from the first busy interval's start to the last one's end, "
+                "every stream (GPU) or thread (CPU) merged"
+            ),
+            "ranks[].compute_s": (
+                "the union of compute (communication or memcpy concurrent with compute counts as compute)"
+            ),
+            "ranks[].non_compute_s": "kernel time - compute - idle: exposed communication + exposed memcpy",
+            "ranks[].idle_s": "kernel time less the union of everything busy",
+            "ranks[].compute_pct": "compute_s as a percentage of kernel_s (HTA's compute_time_pctg)",
+            "ranks[].non_compute_pct": "non_compute_s as a % of kernel_s (HTA's non_compute_time_pctg)",
+            "ranks[].idle_pct": "idle_s as a percentage of kernel_s (HTA's idle_time_pctg)",
+            "ranks[].comm_overlap_pct": (
+                "the share of communication's union that compute covers (HTA's comp_comm_overlap_pctg); "
+                "null without communication"
+            ),
+            "ranks[].comm_s": "the union of communication",
+            "ranks[].exposed_comm_s": "communication not covered by compute",
+            "ranks[].overlapped_comm_s": "communication covered by compute",
+            "ranks[].exposed_memcpy_s": "memcpy and memset (and synchronisation) covered by neither",
+            "ranks[].idle_host_wait_s": (
+                "idle gaps whose next work the host launched only after the gap began (CPU runs: all idle)"
+            ),
+            "ranks[].idle_kernel_wait_s": "other idle gaps under 30 us (back-to-back launch delay)",
+            "ranks[].idle_other_s": "the rest of the idle time (waits on events, on peers)",
+            "ranks[].step_time_s": "the mean ProfilerStep duration on this rank's host, or null",
+            "ranks[].steps": "the ProfilerStep numbers analysed on this rank",
+            "collectives": "one entry per group, op, size and dtype, the most time first",
+            "collectives[].group": (
+                "the process group's name (Kineto's `Process Group Name`; 0: the default; unnamed-N: a "
+                "group of N ranks in a trace that names none)"
+            ),
+            "collectives[].op": (
+                "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce, send, recv, "
+                "send_recv (a point-to-point kernel the trace does not say more about), barrier"
+            ),
+            "collectives[].bytes": (
+                "nccl-tests' size: the all-reduce's buffer, the all-gather's output, the reduce-scatter's "
+                "input, the all-to-all's send buffer"
+            ),
+            "collectives[].dtype": "element type, e.g. float32",
+            "collectives[].group_size": "ranks in the group",
+            "collectives[].count": "calls (each matched across the ranks that made it)",
+            "collectives[].time_s": "total transfer time: each call's shortest duration among its ranks",
+            "collectives[].median_s": "the median call's transfer time",
+            "collectives[].wait_s": "total waiting beyond the transfer, each call's averaged over its ranks",
+            "collectives[].matched_ranks": (
+                "how many ranks' calls were matched "
+                "(1: a call's duration includes waiting, busbw a lower bound)"
+            ),
+            "collectives[].algbw_gbps": "bytes x count / time_s, GB/s",
+            "collectives[].busbw_gbps": "algbw x the nccl-tests factor for the op and group size, GB/s",
+            "collectives[].model_busbw_gbps": (
+                "what the planner's model gives on --cluster/--calibration, or null"
+            ),
+            "stragglers": "the ranks the others wait for consistently, the costliest first",
+            "stragglers[].rank": "the rank",
+            "stragglers[].late_s_per_step": (
+                "seconds a step the others waited for it (in each matched call it started last: how much "
+                "later than the next-latest rank), averaged over the steps analysed"
+            ),
+            "stragglers[].steps": "the steps in which it kept the others waiting the most",
+        },
+    ),
+    "plan-from-trace": Output(
+        "ringtree plan --from-trace DIR --json FILE",
+        "the step keys of `plan`, and",
+        {
+            "from_trace": "the traces read",
+            "measured_run_step_s": "the traced run's step: the median rank's mean ProfilerStep",
+            "predicted_run_step_s": "the step the planner predicts for the traced run's own layout",
+            "speedup": "predicted throughput on the cluster over the traced run's",
+            "traced_compute_s": "compute per step: the measured step less its exposed communication",
+            "traced_grad_bytes": "bytes all-reduced per step (the gradients)",
+            "traced_overlap_pct": "how much of the run's communication overlapped compute",
+            "traced_wait_s": (
+                "per step, the run's exposed communication beyond what the planner predicts for its "
+                "own layout (ranks waiting for each other): kept in the plan"
+            ),
+            "cluster": "the modelled cluster",
+        },
+    ),
     "plan-from-run": Output(
         "ringtree plan --from-run RUN.json --json FILE",
         "the step keys of `plan`, and",

@@ -1,4 +1,5 @@
-"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | show | doctor | emulate`,
+"""Command-line interface: `ringtree bench | sim | plan | calibrate | train | trace | show | doctor |
+emulate`,
 `ringtree checkpoint inspect | consolidate`."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ringtree.cli import (
     emulate,  # noqa: F401  (registers its subcommand)
     show,  # noqa: F401  (registers its subcommand)
     sim,  # noqa: F401  (registers sim, plan and calibrate)
+    trace,  # noqa: F401  (registers its subcommand)
     train,  # noqa: F401  (registers its subcommand)
 )
 from ringtree.cli.app import app

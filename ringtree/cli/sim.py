@@ -166,7 +166,9 @@ def _points(sweep: str | None, nodes: int, nbytes: int, lo: int, hi: int) -> lis
 def _row(est: Any, cluster: Any, nbytes: int, collective: str = "all-reduce") -> dict[str, Any]:
     algbw = nbytes / est.seconds / 1e9 if est.seconds > 0 else 0.0
     p = cluster.ranks
-    factor = 2 * (p - 1) / p if collective == "all-reduce" else (p - 1) / p  # nccl-tests' busbw
+    from ringtree.sim.network.busbw import busbw_factor
+
+    factor = busbw_factor(collective, p)
     row = {
         "collective": collective,
         "algorithm": est.algorithm,

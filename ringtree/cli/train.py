@@ -196,7 +196,7 @@ def _report(
         write_json(json_path, summary)
         print(f"# wrote the summary to {json_path}")
     if trace is not None:
-        chrome.write(trace, [e for r in results for e in r.events])
+        chrome.write(trace, [e for r in results for e in r.events], summary["backend"])
         print(f"# wrote the trace to {trace}")
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringtree import schedules
-from ringtree.comm import flight_recorder
+from ringtree.comm import annotate, flight_recorder
 from ringtree.comm.errors import CollectiveError, MismatchError
 from ringtree.comm.executor import execute
 from ringtree.comm.reduce_ops import COMBINE, DTYPES, OPS, TORCH_OP, check_op
@@ -244,16 +244,19 @@ class _Call:
         )
         schedule = schedules.build(request)
         what = f"ringtree {self.collective}(algorithm={self.algorithm!r}, count={flat.numel()})"
-        execute(
-            flat,
-            schedule,
-            self.rank,
-            COMBINE[self.op],
-            peers=self.peers,
-            group=self.group,
-            timeout=self.timeout,
-            what=what,
-        )
+        # the profiler span records the collective's input: an all-gather's one block of the output
+        shown = flat[: flat.numel() // self.world_size] if self.collective == "all_gather" else flat
+        with annotate.span(f"ringtree:{self.collective}", shown):
+            execute(
+                flat,
+                schedule,
+                self.rank,
+                COMBINE[self.op],
+                peers=self.peers,
+                group=self.group,
+                timeout=self.timeout,
+                what=what,
+            )
 
     def wait_native(self, work: dist.Work | None, stage: str) -> None:
         """Wait for a torch.distributed work with this call's timeout, raising CollectiveError."""

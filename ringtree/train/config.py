@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "router_score": "softmax",
     "router_aux_loss": 0.0,  # 0: balance by the expert bias, no auxiliary loss
     "a2a_algorithm": "auto",
+    "profile_steps": "2:5",  # past the first steps' warm-up (allocations, the first sync's checks)
     "moe_shared_expert_overlap": False,  # off as Megatron-Core's; no faster on CPU (docs/moe-overlap.md)
 }
 MOE_OPTIONS = (
@@ -169,6 +170,10 @@ class TrainConfig:
     keep_checkpoints: int | None = _opt(None, "Checkpoints kept in --checkpoint-dir, newest first [2].")
     max_restarts: int = _opt(0, "Restarts of a failed worker group (elastic agent); needs --checkpoint-dir.")
     straggler_every: int = _opt(20, "Steps between gathers of per-rank work times (stragglers); 0: off.")
+    profile: str | None = _opt(
+        None, "Write a torch.profiler trace per rank (DIR/rank{R}.json.gz) for `ringtree trace DIR`."
+    )
+    profile_steps: str | None = _opt(None, "Optimizer steps FIRST:LAST that --profile records [2:5].")
     timeout_s: float | None = _opt(None, "Seconds before a stuck collective raises [60].", "--timeout")
     progress: bool = _opt(True, "Show rank 0's progress bar.")
     log_every: int = _opt(10, "Optimizer steps between reads of the loss (one host sync each).")
@@ -309,6 +314,12 @@ def _check_values(cfg: TrainConfig) -> None:
     _check_moe_values(cfg)
     if cfg.checkpoint_dir is not None:
         _check_folder(Path(cfg.checkpoint_dir))
+    if cfg.profile is not None:
+        _check_folder(Path(cfg.profile), "--profile")
+    if cfg.profile_steps is not None:
+        from ringtree.train.profile import parse_steps
+
+        parse_steps(cfg.profile_steps)
     if cfg.teacher is not None:
         teacher_file(cfg.teacher)  # raises, naming the path, when there is no checkpoint there
 
@@ -419,6 +430,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
         )
     if cfg.resume and not cfg.checkpoint_dir:
         raise ValueError("--resume needs a checkpoint directory: pass --checkpoint-dir DIR with --resume")
+    if cfg.profile_steps is not None and cfg.profile is None:
+        raise ValueError("--profile-steps needs --profile DIR (where the traces go); add it or drop it")
     if cfg.checkpoint_async and not cfg.checkpoint_dir:
         raise ValueError("--checkpoint-async needs --checkpoint-dir DIR (it saves there in the background)")
     if cfg.keep_checkpoints is not None and not cfg.checkpoint_dir:
@@ -659,6 +672,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("checkpoint_segments")
     if cfg.checkpoint_dir is None:
         dropped |= {"checkpoint_every", "resume", "keep_checkpoints", "checkpoint_async"}
+    if cfg.profile is None:
+        dropped.add("profile_steps")
     if cfg.tp == 1:
         dropped |= {"tp_plan", "sequence_parallel"}
     if cfg.cp == 1:
@@ -785,17 +800,15 @@ def capabilities_markdown() -> str:
     return "\n".join(rows) + "\n\nRefused before any process starts (exit code 2):\n\n" + "\n".join(notes)
 
 
-def _check_folder(folder: Path) -> None:
-    """--checkpoint-dir, checked before training rather than at the first save."""
+def _check_folder(folder: Path, option: str = "--checkpoint-dir") -> None:
+    """A folder option (--checkpoint-dir, --profile), checked before training, not at the first write."""
     import os
 
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        raise ValueError(
-            f"--checkpoint-dir {folder}: {existing} is a file, not a folder; choose another path"
-        )
+        raise ValueError(f"{option} {folder}: {existing} is a file, not a folder; choose another path")
     if existing is not None and not os.access(existing, os.W_OK):
-        raise ValueError(f"--checkpoint-dir {folder}: cannot write in {existing}; choose a writable folder")
+        raise ValueError(f"{option} {folder}: cannot write in {existing}; choose a writable folder")
 
 
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:

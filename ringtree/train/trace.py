@@ -1,8 +1,14 @@
-"""Chrome-trace timelines (open in Perfetto or chrome://tracing): one process per rank."""
+"""Chrome-trace timelines (open in Perfetto or chrome://tracing): one process per rank.
+
+The file speaks Kineto's vocabulary where it can, so that `ringtree trace FILE` reads it like a
+torch.profiler trace: `ProfilerStep#N` spans for the optimizer steps, `distributedInfo` and
+`baseTimeNanoseconds` in the header (ts are microseconds after it), and a `ringtree` key that
+tells this one-file-for-every-rank timeline from Kineto's one file per rank."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -49,9 +55,9 @@ class Recorder:
             self.add(name, start, time.perf_counter(), **args)
 
 
-def chrome_trace(events: Sequence[Event]) -> dict[str, Any]:
+def chrome_trace(events: Sequence[Event], backend: str = "") -> dict[str, Any]:
     """The trace-event JSON object: complete ("X") events in microseconds, named processes and threads."""
-    origin = min((e.start for e in events), default=0.0)
+    origin = math.floor(min((e.start for e in events), default=0.0))  # whole seconds: exact in ns
     out: list[dict[str, Any]] = []
     for rank in sorted({e.rank for e in events}):
         out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
@@ -61,6 +67,7 @@ def chrome_trace(events: Sequence[Event]) -> dict[str, Any]:
         out.append(
             {
                 "ph": "X",
+                "cat": "user_annotation" if e.name.startswith("ProfilerStep#") else "ringtree",
                 "name": e.name,
                 "pid": e.rank,
                 "tid": THREADS[e.thread],
@@ -69,14 +76,22 @@ def chrome_trace(events: Sequence[Event]) -> dict[str, Any]:
                 "args": e.args,
             }
         )
-    return {"traceEvents": out, "displayTimeUnit": "ms"}
+    ranks = sorted({e.rank for e in events})
+    return {
+        "schemaVersion": 1,
+        "ringtree": {"format": 1, "ranks": ranks},
+        "distributedInfo": {"backend": backend, "world_size": len(ranks)},
+        "baseTimeNanoseconds": int(origin) * 10**9,
+        "traceEvents": out,
+        "displayTimeUnit": "ms",
+    }
 
 
-def write(path: str | Path, events: Sequence[Event]) -> None:
+def write(path: str | Path, events: Sequence[Event], backend: str = "") -> None:
     """Write the Chrome trace atomically (temporary file, then rename)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(chrome_trace(events), f)
+        json.dump(chrome_trace(events, backend), f)
     os.replace(tmp, target)

@@ -53,6 +53,7 @@ from ringtree.train.parallelize import (
     virtual_stages,
 )
 from ringtree.train.pipelining import ChunkDDPs, gather_stages, measured_bubble, runs
+from ringtree.train.profile import StepProfiler
 from ringtree.train.progress import ProgressBar
 from ringtree.train.stragglers import StragglerMonitor
 from ringtree.train.summary import build_summary
@@ -223,6 +224,7 @@ class _Run:
         self.stragglers = (
             StragglerMonitor(device=self.device, every=cfg.straggler_every) if cfg.straggler_every else None
         )
+        self.profiler = StepProfiler(cfg.profile, cfg.get("profile_steps"), self.rank, self.device)
         self.last: torch.Tensor | None = None  # the last step's mean loss (device)
         self.epoch_sums: list[Any] = [None, 0]  # this epoch's loss sum (device) and samples
 
@@ -281,7 +283,9 @@ class _Run:
                         done += n
                         continue  # done before the checkpoint we resumed from
                     before = self.step
+                    self.profiler.before(self.step)
                     self._train_unit(unit)
+                    self.profiler.after(self.step)
                     done = self.step
                     if board is not None:
                         board.write(self.step)
@@ -293,6 +297,7 @@ class _Run:
                 if not cfg.checkpoint_every:
                     self.checkpointer.save(self.step)
         self.checkpointer.finish()
+        self.profiler.close()  # a run that ended before --profile-steps' last step
         return RankResult(self.rank, self._summary(resumed_from), self.recorder.events)
 
     def _steps_per_epoch(self, loader: Iterable[Batch]) -> int:
@@ -335,6 +340,7 @@ class _Run:
 
     def _train_unit(self, unit: list[Any]) -> None:
         start, a2a, a2a_exposed = time.perf_counter(), A2A_CLOCK.seconds, A2A_CLOCK.exposed
+        first = self.step
         self.loss.reset()
         self.optimizer.zero_grad(set_to_none=True)
         if self.pipe is None:
@@ -342,6 +348,7 @@ class _Run:
         else:
             samples, comm_s, exposed_s = self._pipeline_step(self.pipe, unit)
         elapsed = time.perf_counter() - start
+        self.recorder.add(f"ProfilerStep#{first}", start, start + elapsed)  # as torch.profiler marks steps
         self.meter.add(elapsed, comm_s, exposed_s, samples * self.mesh.dp)
         self.a2a_s.append((A2A_CLOCK.seconds - a2a, A2A_CLOCK.exposed - a2a_exposed))
         held = memory.model_state_bytes(self.net, self.optimizer)

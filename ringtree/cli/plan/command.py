@@ -11,6 +11,7 @@ from ringtree.cli.app import app
 from ringtree.cli.output import check_output
 from ringtree.cli.plan import data_parallel as dp
 from ringtree.cli.plan import from_run as run_scaling
+from ringtree.cli.plan import from_trace as trace_scaling
 from ringtree.cli.plan import transformer as tf
 from ringtree.cli.plan.cluster import (
     ALGORITHM,
@@ -86,6 +87,8 @@ def plan(
     activation_mb: float = dp.ACTIVATION_MB,
     shape: str | None = dp.SHAPE,
     from_run: Path | None = run_scaling.FROM_RUN,
+    from_trace: Path | None = trace_scaling.FROM_TRACE,
+    run_gpus_per_node: int | None = trace_scaling.RUN_GPUS_PER_NODE,
     json_path: Path | None = JSON_PATH,
     plot: Path | None = PLOT,
     moe: MoeOptions = MoeOptions(),  # the options of ringtree.cli.plan.moe
@@ -111,6 +114,20 @@ def plan(
         shape_given or parallel_given or search or micro_batch is not None or recompute is not None
         or bool(moe.given())
     )  # fmt: skip
+    if run_gpus_per_node is not None and from_trace is None:
+        refuse(["--run-gpus-per-node"], "no --from-trace (it describes the traced run)")
+    if from_trace is not None:
+        given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
+                 "--measure": measure or None, "--input-shape": input_shape, "--overlap": overlap or None,
+                 "--bucket-mb": None if bucket_mb == 25.0 else bucket_mb, "--compression": compression,
+                 "--accumulate": None if accumulate == 1 else accumulate, "--tp": None if tp == 1 else tp,
+                 "--batch-size": None if batch_size == 32 else batch_size, "--pp": None if pp == 1 else pp,
+                 "--grad-dtype": grad_dtype, "--shape": shape, "--from-run": from_run, "--plot": plot,
+                 "--search": search or None}  # fmt: skip
+        named = [k for k, v in given.items() if v is not None]
+        named += ["transformer options"] if transformer_only else []
+        refuse(named, "--from-trace (the step comes from the trace)")
+        return trace_scaling.run(from_trace, links, algorithm, json_path, run_gpus_per_node)
     if from_run is not None:
         given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
                  "--measure": measure or None, "--input-shape": input_shape, "--overlap": overlap or None,
