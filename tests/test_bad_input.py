@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
+from ringtree.train import checkpoint
 
 # (arguments, a fragment the message must hold); "{tmp}" is an existing folder, "{file}" a file in it.
 CASES: list[tuple[list[str], str]] = [
@@ -43,7 +44,23 @@ CASES: list[tuple[list[str], str]] = [
     (["emulate", "--json", "{file}/x.json", "--", "bench"], "is a file, not a folder"),
     (["show", "ring", "--json", "{file}/x.json"], "is a file, not a folder"),
     (["train", "--checkpoint-dir", "{file}"], "is a file, not a folder"),  # not at the first save
+    (["train", "--checkpoint-dir", "{run}"], "pass --resume to continue that run, or name a new folder"),
+    (["train", "--resume", "--model", "vit", "--checkpoint-dir", "{run}"], "holds model 'mlp', not 'vit'"),
 ]
+# Every command's output paths: a folder that does not exist is refused before any work, not made.
+OUTPUTS = [
+    ["bench", "--json"], ["bench", "--plot"], ["plan", "--json"], ["plan", "--plot"],
+    ["sim", "--cluster", "dgx-a100", "--json"],
+    ["sim", "--cluster", "dgx-a100", "--sweep", "sizes", "--plot"],
+    ["train", "--json"], ["train", "--trace"], ["show", "ring", "--json"], ["show", "ring", "--png"],
+    ["trace", "{tmp}", "--json"], ["trace", "{tmp}", "--plot"], ["doctor", "--json"],
+    ["checkpoint", "inspect", "{run}", "--json"], ["emulate", "--json"], ["calibrate", "{file}", "--out"],
+]  # fmt: skip
+CASES += [
+    ([*args, "{tmp}/no/such/out.png" if args[-1] in ("--png", "--plot") else "{tmp}/no/such/out.json"],
+     "the folder {tmp}/no/such does not exist; create it")
+    for args in OUTPUTS
+]  # fmt: skip
 if not torch.cuda.is_available():
     CASES.append((["bench", "--device", "cuda"], "needs a CUDA GPU and this machine has none"))
 
@@ -78,15 +95,18 @@ def _exits_2(tmp_path: Path, args: list[str], fragment: str, env: dict[str, str]
     (tmp_path / "file").write_text("x")
     (tmp_path / "bin").write_bytes(b"\xa8\x00\xff\x01")  # not UTF-8: what a .pt or .png starts like
     (tmp_path / "last.pt").write_text("not a checkpoint")  # what --resume finds in {tmp}
-    before = sorted(p.name for p in tmp_path.iterdir())
-    names = {"{tmp}": tmp_path, "{file}": tmp_path / "file", "{bin}": tmp_path / "bin"}
+    run = tmp_path / "run"  # another run's checkpoint folder: a dense checkpoint of the mlp
+    checkpoint.save(run, {"model_name": "mlp", "model": {}, "step": 3})
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    names = {"{tmp}": tmp_path, "{file}": tmp_path / "file", "{bin}": tmp_path / "bin", "{run}": run}
     filled, fragment = [_fill(a, names) for a in args], _fill(fragment, names)
     result = CliRunner().invoke(app, filled, env=env)
     message = _one_sentence(result.output)
     assert result.exit_code == 2, result.output
     assert fragment in message, message
     assert "Traceback" not in result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing left over
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert after == before  # nothing written, nothing left over
 
 
 def _fill(text: str, names: dict[str, Path]) -> str:

@@ -23,7 +23,7 @@ import typer
 from typer.core import TyperCommand
 
 from ringtree.cli.app import app
-from ringtree.cli.output import check_output, print_environment, print_table, write_json
+from ringtree.cli.output import check_output, interrupted, print_environment, print_table, write_json
 
 if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` starts fast
     from ringtree.train import RankResult, TrainConfig
@@ -71,7 +71,10 @@ def train(ctx: typer.Context, **options: Any) -> None:
     calibration, config_file = options.pop("calibration"), options.pop("config")
     check_output(json_path, "--json")
     check_output(trace, "--trace")
-    cfg = _config(ctx, options, config_file, nproc)
+    try:
+        cfg = _config(ctx, options, config_file, nproc)
+    except KeyboardInterrupt:  # Ctrl-C while the launcher reads the model and the checkpoints
+        interrupted("train")
     results = _run(cfg, nproc, trace is not None)
     if results is None:
         return  # a non-zero rank under torchrun: rank 0 reports
@@ -133,6 +136,7 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
         return gathered
     from torch.distributed.elastic.multiprocessing import SignalException
 
+    from ringtree.processes import WorkerError
     from ringtree.train.interrupt import shared_step
 
     with shared_step() as board:
@@ -147,6 +151,11 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
             )
         except (KeyboardInterrupt, SignalException) as e:  # Ctrl-C, or the launcher was killed
             _interrupted(board.read(), cfg, int(getattr(e, "sigval", signal.SIGINT)))
+        except WorkerError as e:  # a worker's refusal (exit 2) or its failure before training
+            if e.code == 2:
+                raise typer.BadParameter(e.message) from None
+            typer.echo(f"ringtree train: {e.message}", err=True)
+            raise typer.Exit(code=e.code) from None
     return results
 
 

@@ -284,17 +284,43 @@ class Checkpointer:
 
 def check_resumable(cfg: TrainConfig, model: nn.Module) -> None:
     """Raise, in the launching process, when --resume finds no usable checkpoint (CheckpointError)
-    or one whose tensors do not fit `model` (MismatchError, naming the first)."""
-    if not cfg.resume or cfg.checkpoint_dir is None:
+    or one whose tensors do not fit `model` (MismatchError, naming the first). Without --resume,
+    a folder that already holds checkpoints is refused: a fresh run would mix with that run's
+    and prune them (unless torch's elastic agent restarted this run, which continues its own)."""
+    if cfg.checkpoint_dir is None:
+        return
+    if not cfg.resume:
+        _check_fresh(Path(cfg.checkpoint_dir))
         return
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     sharded = sharded_checkpoint.newest(cfg.checkpoint_dir)
     if sharded is not None:
+        _check_model_name(str(sharded[0]), sharded[1].get("model_name"), cfg.model)
         sharded_checkpoint.check_model(sharded[0], shapes)
         return
     state = checkpoint.load(cfg.checkpoint_dir)
-    if state is not None and state.get("model_name") == cfg.model:
+    if state is not None:
+        _check_model_name(f"in {cfg.checkpoint_dir}", state.get("model_name"), cfg.model)
         check_keys(_Shape.of(shapes), state["model"], f"the checkpoint in {cfg.checkpoint_dir}")
+
+
+def _check_fresh(folder: Path) -> None:
+    """Refuse a fresh run into a folder that holds another run's checkpoints."""
+    held = sharded_checkpoint.folders(folder)[:1] + (checkpoint.steps(folder)[:1] if folder.is_dir() else [])
+    if held and not restart_count():
+        raise checkpoint.CheckpointError(
+            f"--checkpoint-dir {folder} already holds a run's checkpoints ({held[0].name}): pass "
+            "--resume to continue that run, or name a new folder for a fresh one"
+        )
+
+
+def _check_model_name(where: str, held: str | None, name: str) -> None:
+    """The sentence the workers would say (resume), said once by the launcher."""
+    if held is not None and held != name:
+        raise ValueError(
+            f"the checkpoint {where} holds model {held!r}, not {name!r}; "
+            f"pass --model {held} or another --checkpoint-dir"
+        )
 
 
 class _Shape:

@@ -35,7 +35,13 @@ from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh,
 from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.moe import CLOCK as A2A_CLOCK
 from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
-from ringtree.processes import default_backend, init_from_env, restart_count, under_torchrun
+from ringtree.processes import (
+    default_backend,
+    init_from_env,
+    restart_count,
+    training_started,
+    under_torchrun,
+)
 from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
 from ringtree.train import interrupt, memory
 from ringtree.train.checkpointer import Checkpointer, check_resumable
@@ -270,6 +276,7 @@ class _Run:
         description += f" x cp {cfg.cp}" if cfg.cp > 1 else ""
         first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
         board = interrupt.publisher() if self.rank == 0 else None  # where Ctrl-C finds the step
+        training_started()  # a failure from here on is torch's report, not a one-line refusal
         if board is not None:
             board.write(self.step)  # the step resumed from
         with ProgressBar(self.rank == 0 and cfg.progress, total or 0, description) as bar:
