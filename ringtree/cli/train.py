@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from typer.core import TyperCommand
 
 from ringtree.cli.app import app
 from ringtree.cli.output import check_output, interrupted, print_environment, print_table, write_json
@@ -219,16 +218,7 @@ def _register() -> None:
         *_config_parameters(),
     ]
     train.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    app.command(cls=_PlainHelp, context_settings={"max_content_width": 80})(train)
-
-
-class _PlainHelp(TyperCommand):
-    """click's plain help: every option name in full and its text wrapped below it, within 80 columns
-    (rich's table cuts long option names such as --checkpoint-activations)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rich_markup_mode = None
+    app.command()(train)  # its help as every command's (ringtree.cli.help): each option whole
 
 
 _register()
