@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtree import comm
+from ringtree import comm, dtypes
 from ringtree.comm import shm
 from ringtree.comm.collectives import NATIVE
 from ringtree.comm.reduce_ops import check_op
@@ -128,7 +128,7 @@ def check_device(device: str) -> None:
 def torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype) or dtype not in comm.DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in comm.DTYPES)
+        names = ", ".join(dtypes.short(str(d)) for d in comm.DTYPES)
         raise ValueError(f"unknown dtype {name!r}; choose one of {names}")
     return dtype
 

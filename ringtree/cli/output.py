@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-console = Console()
+console = Console(soft_wrap=True)  # a line piped or wider than the terminal stays one line
 
 
 def print_environment(env: dict[str, Any]) -> None:

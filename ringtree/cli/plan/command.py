@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ringtree import dtypes
 from ringtree.cli.app import app
 from ringtree.cli.output import check_output
 from ringtree.cli.plan import data_parallel as dp
@@ -100,6 +101,7 @@ def plan(
 
     check_output(json_path, "--json")
     check_output(plot, "--plot")
+    dtype, grad_dtype = dtypes.short(dtype), None if grad_dtype is None else dtypes.short(grad_dtype)
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(
         x is not None
