@@ -46,6 +46,7 @@ CASES: list[tuple[list[str], str]] = [
     (["train", "--checkpoint-dir", "{file}"], "is a file, not a folder"),  # not at the first save
     (["train", "--checkpoint-dir", "{run}"], "pass --resume to continue that run, or name a new folder"),
     (["train", "--resume", "--model", "vit", "--checkpoint-dir", "{run}"], "holds model 'mlp', not 'vit'"),
+    (["train", "--nproc", "100000"], "GB per worker) and this machine has"),
 ]
 # Every command's output paths: a folder that does not exist is refused before any work, not made.
 OUTPUTS = [
@@ -113,3 +114,18 @@ def _fill(text: str, names: dict[str, Path]) -> str:
     for key, path in names.items():
         text = text.replace(key, str(path))
     return text
+
+
+def test_many_more_workers_than_cores_is_a_warning_with_the_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ringtree.cli.train import _check_machine
+
+    _check_machine(16, 2, 64.0)
+    said = capsys.readouterr().err
+    assert said.startswith("warning: --nproc 16 workers share 2 core(s), 0.12 of a core each"), said
+    _check_machine(4, 2, 64.0)  # two per core: no word
+    assert capsys.readouterr().err == ""
+    refused = r"--nproc 16 needs about 6.4 GB .* has 2.0 GB available; use --nproc 5 or fewer"
+    with pytest.raises(ValueError, match=refused):
+        _check_machine(16, 2, 2.0)

@@ -86,7 +86,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     """The file's options, then the flags given on the command line; refused (exit 2) if invalid."""
     from ringtree.processes import under_torchrun
     from ringtree.train import TrainConfig
-    from ringtree.train.config import check_world, load_file
+    from ringtree.train.config import check_world, device_type, load_file
     from ringtree.train.models import recipe
     from ringtree.train.trainer import preflight
 
@@ -101,11 +101,46 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
         dataset = recipe(model)[1].dataset  # a model's own data set (the gpt's sort task), unless named
         cfg = TrainConfig(**({"dataset": dataset} if dataset else {}) | from_file | given)
         check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
+        if not under_torchrun() and device_type(cfg) == "cpu":
+            _check_machine(nproc, os.cpu_count() or 1, _available_gb())
         _check_restarts(cfg)
         preflight(cfg)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(getattr(e, "cli", str(e))) from None  # the flags' words
     return cfg
+
+
+WORKER_GB = 0.4  # a CPU worker's memory before its model: torch and gloo (the digits' mlp peaks at 0.43)
+CORES_PER_WORKER_WARNED = 0.25  # below a quarter of a core each, a run is mostly waiting for a core
+
+
+def _check_machine(nproc: int, cores: int, available_gb: float | None) -> None:
+    """Refuse local workers that cannot fit in the memory left; warn, with the figures, of many
+    more workers than cores (every collective then waits for a descheduled rank)."""
+    if available_gb is not None and nproc * WORKER_GB > available_gb:
+        fits = max(1, int(available_gb / WORKER_GB))
+        raise ValueError(
+            f"--nproc {nproc} needs about {nproc * WORKER_GB:.1f} GB ({WORKER_GB} GB per worker) and this "
+            f"machine has {available_gb:.1f} GB available; use --nproc {fits} or fewer"
+        )
+    if cores / nproc < CORES_PER_WORKER_WARNED:
+        typer.echo(
+            f"warning: --nproc {nproc} workers share {cores} core(s), {cores / nproc:.2f} of a core each: "
+            f"steps will be slow and their times mostly waiting; --nproc {cores} or fewer measures the "
+            "algorithms",
+            err=True,
+        )
+
+
+def _available_gb() -> float | None:
+    """The memory the kernel says is available (MemAvailable), or None where it does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1e6  # kB
+    except OSError:
+        pass
+    return None
 
 
 def _check_restarts(cfg: TrainConfig) -> None:
