@@ -39,3 +39,14 @@ def test_help_fits_80_columns_whole(words: list[str], command: Any) -> None:
         for name in [*param.opts, *param.secondary_opts]:
             if name.startswith("--"):
                 assert name in shown, name  # on a line of its own, not cut
+
+
+def test_a_mistyped_command_points_to_ringtree_help_however_it_was_started() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "ringtree", "tran"], capture_output=True, text=True, timeout=120
+    )  # as `ringtree emulate -- tran` and torchrun start it
+    assert done.returncode == 2
+    assert "Try 'ringtree --help' for help." in done.stderr and "python -m" not in done.stderr

@@ -49,7 +49,7 @@ def main() -> None:
 
         whole_lines()  # torchrun's `python -u` splits a print in two writes that ranks interleave
     try:
-        app()
+        app(prog_name="ringtree")  # the usage and `Try 'ringtree --help'`, also under python -m or torchrun
     except KeyboardInterrupt:  # a command without a word of its own for it
         sys.stderr.write("\nringtree: interrupted\n")
         _exit_now(130)

@@ -15,6 +15,7 @@ save (the summary's checkpoint_s). `inspect` and `consolidate` read a checkpoint
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -358,13 +359,15 @@ def inspect(path: str | Path) -> dict[str, Any]:
     """Step, model, layout saved at, every file's size and SHA-256, and whether it verifies."""
     found = locate(path)
     if found.is_dir():
-        problem, record = None, {}
+        problem, record = None, _sharded_record(found)
         try:
-            record = sharded_checkpoint.verify(found)
+            sharded_checkpoint.verify(found)
         except checkpoint.CheckpointError as e:
-            problem = str(e)
-        recorded = record.get("files") or {f.name: sharded_checkpoint.digest(f) for f in found.iterdir()}
-        files = [{"name": n} | v for n, v in sorted(recorded.items())]
+            problem = str(e)  # the record (model, step, layout) still says what was saved
+        names = record.get("files") or {
+            f.name: None for f in found.iterdir() if f.name != sharded_checkpoint.RECORD
+        }
+        files = [{"name": n} | _on_disk(found / n) for n in sorted(names)]
         return _report(found, "sharded", record, files, problem)
     problem, state = None, {}
     try:
@@ -374,6 +377,20 @@ def inspect(path: str | Path) -> dict[str, Any]:
     size, digest = checkpoint.digest(found) if found.exists() else (0, "")
     files = [{"name": found.name, "bytes": size, "sha256": digest}]
     return _report(found, "dense", state, files, problem)
+
+
+def _sharded_record(folder: Path) -> dict[str, Any]:
+    """The folder's record as saved, whatever its shards hold now ({} when it cannot be read)."""
+    try:
+        record: dict[str, Any] = json.loads((folder / sharded_checkpoint.RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _on_disk(file: Path) -> dict[str, Any]:
+    """A file's size and SHA-256 as it is now (a damaged shard shows its own; a missing one 0 bytes)."""
+    return sharded_checkpoint.digest(file) if file.is_file() else {"bytes": 0, "sha256": "missing"}
 
 
 def _report(
