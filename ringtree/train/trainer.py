@@ -131,11 +131,18 @@ class Trainer:
         )
 
     def fit(self) -> dict[str, Any]:
-        """Train and return the summary (the dict `ringtree train --json` writes)."""
+        """Train and return the summary (the dict `ringtree train --json` writes).
+
+        A process group that is already there (one you made, or torchrun's that you joined) is
+        trained in and left as it was: still initialized, for your own collectives after fit();
+        the mesh's sub-groups (TP, PP, DP, CP) made in it stay too. Without one, fit() makes it
+        (torchrun's env:// world under torchrun, else a world of this one process) and destroys
+        it before returning, so that the next fit() or init_process_group starts clean.
+        """
         return self.run().summary
 
     def run(self) -> RankResult:
-        """Train on the current process group (joining torchrun's, or a world of one, if none)."""
+        """Train on the current process group, or on one it makes for the run (see fit())."""
         owned = _join_world(self.cfg)
         try:
             return _Run(self).train()
