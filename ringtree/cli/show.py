@@ -592,7 +592,7 @@ def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: P
         picks = (
             frames if len(frames) <= 16 else [frames[round(k * (len(frames) - 1) / 15)] for k in range(16)]
         )
-        plots.plot_holdings(picks, w.p, png, title)
+        plots.plot_holdings(picks, w.p, png, title, w.p // q["nodes"] if q["nodes"] > 1 else None)
     if png is not None:
         console.print(f"wrote {png}", highlight=False)
     if animate is not None:
