@@ -89,7 +89,8 @@ def plot_scaling(nodes: list[int], curves: dict[str, list[float]], path: Path, t
 def plot_gantt(spans: list[dict[str, Any]], path: Path, title: str) -> None:
     """A pipeline's timeline: one row per stage, forwards and backwards coloured, micro-batch numbers on them.
 
-    spans: {"stage", "kind" ("forward", "backward", anything else grey), "micro_batch", "start", "end"}
+    spans: {"stage", "kind" ("forward", "backward", "weight", anything else grey), "micro_batch", "start",
+    "end"}
     with times in seconds.
     """
     import matplotlib
@@ -98,6 +99,8 @@ def plot_gantt(spans: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"forward": "tab:blue", "backward": "tab:orange"}
+    if any(s["kind"] == "weight" for s in spans):  # a split backward: B and W apart
+        colours = {"forward": "tab:blue", "backward": "tab:orange", "weight": "tab:green"}
     origin = min((s["start"] for s in spans), default=0.0)
     stages = sorted({s["stage"] for s in spans})
     fig, ax = plt.subplots(figsize=(11, 0.6 * len(stages) + 1.6))
