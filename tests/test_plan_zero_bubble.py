@@ -148,3 +148,15 @@ def test_plan_prices_zb_v_below_1f1b_and_shows_the_schedule(tmp_path: Path) -> N
         assert data["details"]["training"]["schedule"] == schedule
         steps[schedule] = data["breakdown"]["pp_bubble_s"]
     assert steps["zb-v"] < steps["1f1b"] / 2
+
+
+def test_the_data_parallel_planners_pipeline_prices_them_and_refuses_too_few(tmp_path: Path) -> None:
+    out = tmp_path / "dp.json"
+    base = ["plan", "--params", "100000000", "--compute-time", "0.1", "--pp", "4", "--cluster", "dgx-h100"]
+    done = runner.invoke(app, [*base, "--schedule", "zb-h1", "--micro-batches", "8", "--json", str(out)])
+    assert done.exit_code == 0, done.output
+    assert "(p-1)(F+B-W) with W a third of the backward" in " ".join(done.output.split())
+    pipe = json.loads(out.read_text())["pipeline"]
+    assert pipe["schedule"] == "zb-h1" and pipe["bubble_fraction"] < 3 / 11
+    refused = runner.invoke(app, [*base, "--schedule", "dualpipev", "--micro-batches", "7"])
+    assert refused.exit_code == 2 and "use --micro-batches 8" in " ".join(refused.output.split())

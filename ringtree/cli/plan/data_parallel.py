@@ -140,7 +140,7 @@ def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, acti
     from ringtree.sim.training.pipeline import FORMULAS
 
     theory = (
-        f"{FORMULAS[schedule]}, W a third of the backward" if schedule in ZERO_BUBBLE else "(p-1)/(m+p-1)"
+        f"{FORMULAS[schedule]} with W a third of the backward" if schedule in ZERO_BUBBLE else "(p-1)/(m+p-1)"
     )
     console.print(
         f"pipeline: {schedule}, pp={pp}, m={m}: step {out['pipeline_step_time_s']:.4f} s, bubble "

@@ -148,7 +148,7 @@ FORMULAS = {
     "1f1b": "(p-1)(F+B+W)",
     "zb-h1": "(p-1)(F+B-W)",
     "zb-h2": "max((p-1)(F+B-2W), (p-1)F)",
-    "zb-v": "(p-1)F/2 at F = B = W",
+    "zb-v": "(p-1)F/2, the fill (all of it at F = B = W)",
     "dualpipev": "(p-1)(F/2+B-W/2) (DeepSeek's, an upper bound here)",
 }
 
