@@ -341,6 +341,8 @@ def _greedy_orders(p: int, m: int, limit: int) -> list[list[Action]]:
                 orders[j].append(Action(Kind.WEIGHT, w[j]))
                 w[j] += 1
         t += 1
+        if t > 3 * m * p + 2 * p:  # every slot some stage moves; more slots than work: a bug
+            raise RuntimeError(f"the greedy order of {p} stages, {m} micro-batches, limit {limit} stalls")
     return orders
 
 
