@@ -12,6 +12,7 @@ import typer
 
 from ringtree.cli.output import console, print_table, write_json
 from ringtree.cli.plan.cluster import ClusterOptions, cluster_title
+from ringtree.cli.plan.lowcomm import SyncOptions, report
 
 DP = "Data-parallel planner"
 _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
@@ -66,8 +67,10 @@ def run(
     algorithm: str,
     json_path: Path | None,
     plot: Path | None,
+    sync: SyncOptions = SyncOptions(),
 ) -> None:
-    """The data-parallel plan of one model on the cluster, with --pp's and --tp's steps beside it."""
+    """The data-parallel plan of one model on the cluster, with --pp's and --tp's steps beside it,
+    and with --sync the low-communication methods priced on the same step."""
     from ringtree.sim import ALGORITHMS
     from ringtree.sim.training.plan import StepConfig
 
@@ -91,6 +94,8 @@ def run(
         result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
     if tp > 1:
         result["tensor_parallel"] = _tensor_parallel(config, cluster, tp, model, shape, result["algorithm"])
+    if sync.given():
+        result |= _sync(sync, config, cluster, result["algorithm"], model, shape)
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:
@@ -176,6 +181,25 @@ def _tensor_parallel(
                 highlight=False,
             )
     return {"inside_node": inside, "across_nodes": across}
+
+
+def _sync(
+    sync: SyncOptions, config: Any, cluster: Any, algorithm: str, model: str | None, shape: str | None
+) -> dict[str, Any]:
+    """--sync: each method priced on this plan's data-parallel step (`predict_step` on the world or
+    on one replica group), PowerSGD on the shapes of an encoder of --shape (or the preset's)."""
+    from ringtree.sim.lowcomm import Model, encoder_shapes
+    from ringtree.sim.training.plan import predict_step
+    from ringtree.sim.training.tensor_parallel import SHAPES
+
+    try:
+        dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
+        shapes = encoder_shapes(config.params, dims[0], dims[1]) if dims and len(dims) == 3 else ()
+        lowcomm = Model(config.params, config.itemsize, config.bucket_mb, shapes)
+        return report(sync, lowcomm, cluster, algorithm, lambda c: predict_step(config, c, algorithm),
+                      "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:
