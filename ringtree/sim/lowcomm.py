@@ -402,7 +402,8 @@ def transformer_shapes(model: Transformer) -> tuple[tuple[int, ...], ...]:
     embedding (and positions), per layer the attention's matrices, the MLP's (or the router's and
     each expert's), the layer's biases and norms as one vector, then the untied logits."""
     h = model.hidden
-    out: list[tuple[int, ...]] = [(model.vocab, h)] + ([(model.seq, h)] if model.learned_positions else [])
+    out: list[tuple[int, ...]] = [(model.vocab, h)]
+    out += [(model.seq, h)] if model.learned_positions else []
     for i in range(model.layers):
         out += [(n, k) for k, n, _ in model.attention_matmuls()]
         if model.is_moe_layer(i):

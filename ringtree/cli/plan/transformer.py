@@ -13,6 +13,7 @@ import typer
 
 from ringtree.cli.output import console, print_table, write_json
 from ringtree.cli.plan.cluster import ClusterOptions, refuse
+from ringtree.cli.plan.lowcomm import SyncOptions, report
 from ringtree.cli.plan.moe import MoeOptions
 
 MODEL, LAYOUT = "Model", "Layout"
@@ -186,8 +187,10 @@ def run(
     legacy: dict[str, Any],
     moe: MoeOptions,
     plot: Path | None = None,
+    sync: SyncOptions = SyncOptions(),
 ) -> None:
-    """The transformer model: one layout, or --search over all that fit."""
+    """The transformer model: one layout, or --search over all that fit; with --sync, the layout's
+    step under each low-communication method."""
     from ringtree.sim.training.layout import CP_COMMS, Training
     from ringtree.sim.training.predictor import default_algorithm, plan
     from ringtree.sim.training.search import search as search_layouts
@@ -206,6 +209,8 @@ def run(
             raise ValueError("the transformer model needs --global-batch (sequences per optimizer step)")
         gpu, cluster = links.gpu(), links.cluster()
         chosen = default_algorithm(cluster) if algorithm == "auto" else algorithm
+        if search and sync.given():
+            raise ValueError(f"{', '.join(sync.given())} price one layout: drop --search, or them")
         if search:
             if layout["cp_comm"] not in CP_COMMS:
                 raise ValueError(f"unknown --cp-comm {layout['cp_comm']!r}; choose {' or '.join(CP_COMMS)}")
@@ -243,7 +248,7 @@ def run(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     print_transformer(rows, shape, cluster, gpu, search)
-    searched = {}
+    searched = _sync(sync, shape, run, cluster, gpu, chosen) if sync.given() else {}
     if search:
         searched = {
             "layouts_fit": found.fitted,
@@ -258,6 +263,31 @@ def run(
 
         draw(rows, shape, gpu, plot, search)
         console.print(f"wrote {plot}", highlight=False)
+
+
+def _sync(sync: SyncOptions, shape: Any, run: Any, cluster: Any, gpu: Any, algorithm: str) -> dict[str, Any]:
+    """--sync: each method priced on this layout's step (`plan` on the world, or on one replica group
+    with its share of the global batch), PowerSGD on the model's own tensor shapes."""
+    import dataclasses
+
+    from ringtree.sim.lowcomm import Model, transformer_shapes
+    from ringtree.sim.training.predictor import plan
+
+    def step(group: Any) -> Any:
+        batch, rest = divmod(run.global_batch * group.ranks, cluster.ranks)
+        if rest:
+            raise ValueError(
+                f"--global-batch {run.global_batch} does not split over replica groups of {group.ranks} "
+                f"of the {cluster.ranks} GPUs; choose --replicas or --global-batch so that it does"
+            )
+        return plan(shape, dataclasses.replace(run, global_batch=batch), group, gpu, algorithm)
+
+    lowcomm = Model(shape.params, run.grad_itemsize, run.bucket_mb, transformer_shapes(shape), run.tp, run.pp,
+                    run.cp)  # fmt: skip
+    try:
+        return report(sync, lowcomm, cluster, algorithm, step, "transformer: the model's layers on the GPU")
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:
