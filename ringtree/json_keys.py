@@ -505,6 +505,10 @@ OUTPUTS: dict[str, Output] = {
                 "whether the method pays off against DDP's all-reduce, why, and the convergence caveat"
             ),
             "sweep": "with `--sweep bandwidth`: per method, the bandwidth each compute utilisation needs",
+            "sweep_algorithm": (
+                "the all-reduce the sweep prices with: the plan's, or for `native` (NCCL's model, fitted "
+                "at data-centre bandwidths) `hierarchical`"
+            ),
             "sweep[].sync": "the method: ddp, powersgd, local-sgd, diloco or streaming-diloco",
             "sweep[].powersgd_rank": "PowerSGD's rank (null for the other methods)",
             "sweep[].inner_steps": "inner steps H between syncs (local SGD, DiLoCo; else null)",

@@ -251,8 +251,8 @@ def replica_cluster(cluster: Cluster, replicas: int, split: int) -> Cluster:
     n, g = cluster.nodes, cluster.gpus_per_node
     if replicas < 2:
         raise ValueError(
-            f"--replicas {replicas}: low-communication sync needs at least 2 replica groups; pass "
-            "--replicas R or more --nodes"
+            f"local SGD and DiLoCo need at least 2 replica groups, got {replicas} (default: one per node); "
+            "pass --replicas R or more --nodes"
         )
     if n % replicas == 0:
         group = cluster.with_nodes(n // replicas)
@@ -415,4 +415,5 @@ def transformer_shapes(model: Transformer) -> tuple[tuple[int, ...], ...]:
         else:
             out += [(model.ffn_hidden, h)] * (model.gated - 1) + [(h, model.ffn_hidden)]
         out.append((model.small_params,))
+    out += [] if model.learned_positions else [(h,)]  # Llama's final RMSNorm
     return tuple(out + ([(model.vocab, h)] if model.logit_params else []))

@@ -85,6 +85,8 @@ def run(
             raise ValueError(
                 f"unknown algorithm {algorithm!r}; choose auto or one of {', '.join(ALGORITHMS)}"
             )
+        if sync.given():
+            sync.check(cluster, 1)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
@@ -196,7 +198,7 @@ def _sync(
         dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
         shapes = encoder_shapes(config.params, dims[0], dims[1]) if dims and len(dims) == 3 else ()
         lowcomm = Model(config.params, config.itemsize, config.bucket_mb, shapes)
-        return report(sync, lowcomm, cluster, algorithm, lambda c: predict_step(config, c, algorithm),
+        return report(sync, lowcomm, cluster, algorithm, lambda a: lambda c: predict_step(config, c, a),
                       "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

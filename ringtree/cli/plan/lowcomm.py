@@ -61,6 +61,15 @@ class SyncOptions:
         }
         return SyncMethod(sync or chosen, **words)
 
+    def check(self, cluster: Any, split: int) -> None:
+        """Refuse bad words before anything is priced: the method's own, and its replica groups on
+        `cluster` (each holding whole tp x cp x pp = `split` model copies)."""
+        from ringtree.sim.lowcomm import PERIODIC, replica_cluster
+
+        method = self.method()
+        if method.sync in PERIODIC:
+            replica_cluster(cluster, method.replicas or cluster.nodes, split)
+
     def methods(self) -> list[Any]:
         """Every method with the given words (those that apply to it), the chosen one's included."""
         from ringtree.sim.lowcomm import PERIODIC, SYNCS, SyncMethod
@@ -132,13 +141,20 @@ def sync_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def report(
-    options: SyncOptions, model: Any, cluster: Any, algorithm: str, step: Any, planner: str
+    options: SyncOptions,
+    model: Any,
+    cluster: Any,
+    algorithm: str,
+    step_for: Callable[[str], Any],
+    planner: str,
 ) -> dict[str, Any]:
     """Every method priced on `cluster` (the chosen one first in the JSON's `sync`), the table, the
     recommendation and, with --sweep bandwidth, the bandwidth each needs; as the plan's JSON keys.
+    `step_for(algorithm)` is the planner's DDP step on a cluster, its collectives priced as that.
     Raises ValueError on words the pricing refuses (the caller exits 2)."""
     from ringtree.sim.lowcomm import price, recommend, sweep
 
+    step = step_for(algorithm)
     name = options.method().sync
     methods, prices = [], []
     for method in options.methods():
@@ -158,7 +174,11 @@ def report(
         "sync_recommendation": recommend(chosen, ddp),
     }
     if options.sweep is not None:
-        out["sweep"] = sweep(methods, model, cluster, algorithm, step)
+        # NCCL's cost model (`native`) was fitted at data-centre bandwidths and stops following the
+        # NIC far below them: the sweep prices those collectives with the hierarchical closed form
+        swept = "hierarchical" if algorithm == "native" else algorithm
+        out["sweep_algorithm"] = swept
+        out["sweep"] = sweep(methods, model, cluster, swept, step if swept == algorithm else step_for(swept))
     _print(out, cluster)
     return out
 
@@ -177,7 +197,8 @@ def _print(out: dict[str, Any], cluster: Any) -> None:
     console.print(f"sync: {out['sync_recommendation']}", highlight=False)
     if "sweep" in out:
         print_table(
-            "Gbit/s per NIC between nodes for each compute utilisation (-: the network alone cannot)",
+            f"Gbit/s per NIC between nodes for each compute utilisation ({out['sweep_algorithm']}; -: the "
+            "network alone cannot)",
             ["sync", "words", *out["sweep"][0]["gbps"]],
             [[r["sync"], _words(r), *(f"{g:.2f}" if g is not None else "-" for g in r["gbps"].values())]
              for r in out["sweep"]],

@@ -208,6 +208,8 @@ def run(
         if global_batch is None:
             raise ValueError("the transformer model needs --global-batch (sequences per optimizer step)")
         gpu, cluster = links.gpu(), links.cluster()
+        if sync.given():
+            sync.check(cluster, layout["tp"] * layout["cp"] * layout["pp"])
         chosen = default_algorithm(cluster) if algorithm == "auto" else algorithm
         if search and sync.given():
             raise ValueError(f"{', '.join(sync.given())} price one layout: drop --search, or them")
@@ -273,19 +275,25 @@ def _sync(sync: SyncOptions, shape: Any, run: Any, cluster: Any, gpu: Any, algor
     from ringtree.sim.lowcomm import Model, transformer_shapes
     from ringtree.sim.training.predictor import plan
 
-    def step(group: Any) -> Any:
-        batch, rest = divmod(run.global_batch * group.ranks, cluster.ranks)
-        if rest:
-            raise ValueError(
-                f"--global-batch {run.global_batch} does not split over replica groups of {group.ranks} "
-                f"of the {cluster.ranks} GPUs; choose --replicas or --global-batch so that it does"
-            )
-        return plan(shape, dataclasses.replace(run, global_batch=batch), group, gpu, algorithm)
+    def step_for(algorithm: str) -> Any:
+        def step(group: Any) -> Any:
+            batch, rest = divmod(run.global_batch * group.ranks, cluster.ranks)
+            if rest:
+                raise ValueError(
+                    f"--global-batch {run.global_batch} does not split over replica groups of "
+                    f"{group.ranks} of the {cluster.ranks} GPUs; choose --replicas or --global-batch so "
+                    "that it does"
+                )
+            return plan(shape, dataclasses.replace(run, global_batch=batch), group, gpu, algorithm)
+
+        return step
 
     lowcomm = Model(shape.params, run.grad_itemsize, run.bucket_mb, transformer_shapes(shape), run.tp, run.pp,
                     run.cp)  # fmt: skip
     try:
-        return report(sync, lowcomm, cluster, algorithm, step, "transformer: the model's layers on the GPU")
+        return report(
+            sync, lowcomm, cluster, algorithm, step_for, "transformer: the model's layers on the GPU"
+        )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 
