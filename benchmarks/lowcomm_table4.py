@@ -3,11 +3,12 @@ priced by ringtree's planner: the Gbit/s between two replicas each method needs 
 compute utilisation, beside the paper's figures.
 
 The paper's assumptions: a step of 0.1 s (1B, 24 layers), 0.8 s (10B, 48) and 4.9 s (100B, 108)
-(Kaplan FLOPs at 60% MFU), H = 100, fragments of 3 layers (here the divisor of H nearest L / 3:
-10, 20 and 25 fragments); it does not state the replicas M or its collective model. Ours: M = 2
-replicas of one device each joined by one link (20 us latency), a ring all-reduce, DP's gradients and the outer pseudo-gradients in bf16 (the paper's FP4 column is 4x
-below its 16-bit one), DP overlapping its buckets with the backward (2/3 of the step), Streaming's
-overlap T = 1 step, FP4 priced as ringtree's int4 codec (0.5 byte + one fp32 scale per 128).
+(Kaplan FLOPs at 60% MFU), H = 100, fragments of 3 layers (here the divisor of H nearest L / 3: 10,
+20 and 25 fragments); it does not state the replicas M or its collective model. Ours: M = 2 replicas
+of one device each joined by one link (20 us latency), a ring all-reduce, DP's gradients and the
+outer pseudo-gradients in bf16 (the paper's FP4 column is 4x below its 16-bit one), DP overlapping
+its buckets with the backward (2/3 of the step), Streaming's overlap T = 1 step, FP4 priced as
+ringtree's int4 codec (0.5 byte + one fp32 scale per 128).
 
     python benchmarks/lowcomm_table4.py [--json OUT]
 """
