@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 from typer.testing import CliRunner
 
@@ -181,6 +182,21 @@ def test_the_sweep_finds_the_bandwidth_each_utilisation_needs() -> None:
     dp = bandwidth_for(0.5, SyncMethod("ddp"), MODEL, NODES3, "ring", _step)
     diloco = bandwidth_for(0.99, SyncMethod("diloco", inner_steps=99), MODEL, NODES3, "ring", _step)
     assert dp is not None and diloco == pytest.approx(dp, rel=2e-3)
+
+
+def test_streaming_diloco_table_4s_diloco_column_is_half_the_planners_at_99_percent() -> None:
+    """docs/results/lowcomm-planner.md: the paper's sync moves (M-1)/M of the payload where the
+    all-reduce sends 2(M-1)/M, so the planner's DiLoCo needs twice its bandwidth at 99%."""
+    table4 = load("lowcomm_table4")
+    params, layers, seconds = table4.MODELS["1B"]
+    config = StepConfig(params, seconds, "bf16", overlap=True)
+    model = Model(params, 2, config.bucket_mb)
+    method = table4.methods(layers)["DiLoCo"]
+    ours = bandwidth_for(
+        0.99, method, model, table4.CLUSTER, "ring", lambda c: predict_step(config, c, "ring")
+    )
+    assert ours is not None and 1.9 < ours / table4.PAPER["1B"]["DiLoCo"][-1] < 2.1
+    assert [table4.fragments(n) for n in (24, 48, 108)] == [10, 20, 25]
 
 
 def test_the_seeds_example_recommends_diloco_with_the_caveat(tmp_path: Path) -> None:
