@@ -20,15 +20,14 @@ from ringtree.sim.lowcomm import (
     Model,
     SyncMethod,
     bandwidth_for,
-    encoder_shapes,
     outer_sync_s,
     powersgd_payload,
     price,
     replica_cluster,
     slow_link_bytes,
-    transformer_shapes,
 )
 from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.training.param_shapes import encoder_shapes, transformer_shapes
 from ringtree.sim.training.plan import StepConfig, buckets, collective_s, predict_step
 from ringtree.sim.training.transformer import MODELS
 
@@ -270,18 +269,45 @@ BAD = [
     (["--powersgd-rank", "4"], "--powersgd-rank do not apply with --sync ddp"),
     (["--sync", "ddp", "--sweep", "latency"], "unknown --sweep 'latency'"),
     (["--sync", "ddp", "--sweep", "bandwidth", "--nodes", "1"], "--sweep bandwidth varies the link between"),
+    (["--sync", "streaming-diloco", "--fragments", "20"],
+     "--fragments 20 is more than the model's 12 layers"),
+    (["--sync", "powersgd", "--shape", "12,768"], "--shape '12,768': write it as LAYERS,HIDDEN,SEQ"),
+    (["--sync", "powersgd", "--model", "resnet50"], "--sync powersgd needs the model's tensor shapes"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("extra", "fragment"), BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_sync_words_exit_2_naming_the_flag(tmp_path: Path, extra: list[str], fragment: str) -> None:
-    args = (
-        [*SEED, *extra] if "--nodes" not in extra else [a for a in SEED if a not in ("--nodes", "3")] + extra
-    )
+    args = [*SEED, *extra]
+    if "--nodes" in extra:
+        args = [a for a in SEED if a not in ("--nodes", "3")] + extra
+    if "--model" in extra:
+        args = [a for a in args[:2] + args[4:]]
     result = runner.invoke(app, [*args, "--json", str(tmp_path / "plan.json")])
     assert result.exit_code == 2, result.output
     assert fragment in _one_sentence(result.output) and "Traceback" not in result.output
-    assert not (tmp_path / "plan.json").exists()
+    assert not (tmp_path / "plan.json").exists() and "ringtree plan:" not in result.output  # refused first
+
+
+TRANSFORMER_BAD = [
+    (["--pp", "2", "--sync", "streaming-diloco", "--fragments", "5"],
+     "--fragments 5 must be a multiple of --pp 2, so that each fragment lies in one pipeline stage"),
+    (["--zero", "1", "--sync", "powersgd"],
+     "--sync powersgd compresses DDP's all-reduce: drop --tp, --pp and --zero"),
+    (["--tp", "8", "--nodes", "3", "--sync", "diloco", "--replicas", "6"],
+     "--replicas 6 gives groups of 4 ranks, which cut a tp x cp x pp = 8 model copy"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"), TRANSFORMER_BAD, ids=[" ".join(a) for a, _ in TRANSFORMER_BAD]
+)
+def test_bad_sync_words_for_the_transformer_exit_2(extra: list[str], fragment: str) -> None:
+    args = ["plan", "--model", "gpt-1.3b", "--global-batch", "64", "--cluster", "dgx-h100"]
+    args += [] if "--nodes" in extra else ["--nodes", "2"]
+    result = runner.invoke(app, [*args, *extra])
+    assert result.exit_code == 2, result.output
+    assert fragment in _one_sentence(result.output) and "Traceback" not in result.output
 
 
 def test_sync_with_a_run_or_a_search_is_refused(tmp_path: Path) -> None:

@@ -35,7 +35,6 @@ from typing import Any
 
 from ringtree.sim.network.hardware import Cluster, Link
 from ringtree.sim.training.plan import StepPrediction, buckets, collective_s, dp_group
-from ringtree.sim.training.transformer import Transformer
 
 SYNCS = ("ddp", "powersgd", "local-sgd", "diloco", "streaming-diloco")
 PERIODIC = ("local-sgd", "diloco", "streaming-diloco")
@@ -123,6 +122,8 @@ class Model:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    layers: int = 0  # the layers Streaming DiLoCo's fragments split (0: unknown)
+    zero: int = 0  # the ZeRO stage inside a replica group (PowerSGD compresses DDP's all-reduce only)
 
     @property
     def split(self) -> int:
@@ -227,12 +228,7 @@ def _powersgd(
     method: SyncMethod, model: Model, cluster: Cluster, algorithm: str, world: StepPrediction,
     compute: float, samples: float,
 ) -> SyncPrice:  # fmt: skip
-    if not model.shapes:
-        raise ValueError(
-            "--sync powersgd needs the model's tensor shapes: pass --shape or a model preset with one"
-        )
-    if model.tp * model.pp > 1:
-        raise ValueError("--sync powersgd is priced for data parallelism: drop --tp and --pp")
+    check_powersgd(model)
     group = dp_group(cluster, 1, cluster.ranks)
     size = model.grad_itemsize
     total, elements = 0.0, 0
@@ -270,6 +266,41 @@ def replica_cluster(cluster: Cluster, replicas: int, split: int) -> Cluster:
     return group
 
 
+def check(method: SyncMethod, model: Model, cluster: Cluster) -> None:
+    """Refuse, before anything is priced, a method this model or cluster cannot take."""
+    if method.sync == "powersgd":
+        check_powersgd(model)
+    if method.sync in PERIODIC:
+        replica_cluster(cluster, method.replicas or cluster.nodes, model.split)
+        check_fragments(method, model)
+
+
+def check_powersgd(model: Model) -> None:
+    """PowerSGD compresses DDP's all-reduce of whole tensors, whose shapes it needs."""
+    if not model.shapes:
+        raise ValueError(
+            "--sync powersgd needs the model's tensor shapes: pass --shape or a model preset with one"
+        )
+    if model.tp * model.pp > 1 or model.zero:
+        raise ValueError("--sync powersgd compresses DDP's all-reduce: drop --tp, --pp and --zero")
+
+
+def check_fragments(method: SyncMethod, model: Model) -> None:
+    """Streaming DiLoCo's fragments are groups of whole layers, each inside one pipeline stage."""
+    if method.sync != "streaming-diloco":
+        return
+    f = method.fragments
+    if model.layers and f > model.layers:
+        raise ValueError(
+            f"--fragments {f} is more than the model's {model.layers} layers; choose at most that"
+        )
+    if f % model.pp:
+        raise ValueError(
+            f"--fragments {f} must be a multiple of --pp {model.pp}, so that each fragment lies in one "
+            "pipeline stage"
+        )
+
+
 def outer_sync_s(
     payload: int, itemsize: int, model: Model, cluster: Cluster, group: Cluster, algorithm: str
 ) -> float:
@@ -295,6 +326,7 @@ def _periodic(
 ) -> SyncPrice:  # fmt: skip
     replicas = method.replicas or cluster.nodes
     group = replica_cluster(cluster, replicas, model.split)
+    check_fragments(method, model)
     inner = step(group)
     payload = method.outer_bytes(model.params)
     if method.sync == "streaming-diloco":
@@ -356,30 +388,6 @@ def sweep(
     ]
 
 
-def encoder_shapes(params: int, layers: int, hidden: int) -> tuple[tuple[int, ...], ...]:
-    """The parameter shapes of a ViT/BERT-style encoder of `layers` x `hidden` (fused QKV, output
-    projection, 4h MLP, their biases, two LayerNorms per layer) with the rest of `params` as one
-    embedding matrix of `hidden` columns, in the order the forward uses them."""
-    h = hidden
-    layer = [
-        (3 * h, h),
-        (3 * h,),
-        (h, h),
-        (h,),
-        (4 * h, h),
-        (4 * h,),
-        (h, 4 * h),
-        (h,),
-        (h,),
-        (h,),
-        (h,),
-        (h,),
-    ]
-    rest = params - layers * sum(math.prod(s) for s in layer)
-    embedding = [(rest // h, h)] if rest >= h else []
-    return tuple([*embedding, *[s for _ in range(layers) for s in layer]])
-
-
 def recommend(chosen: SyncPrice, ddp: SyncPrice) -> str:
     """Whether `chosen` pays off against DDP's all-reduce, and why, with the convergence caveat."""
     name = chosen.method["sync"]
@@ -395,25 +403,3 @@ def recommend(chosen: SyncPrice, ddp: SyncPrice) -> str:
     if gain <= 1.0:
         return f"ddp: {name} does not pay off here ({numbers})"
     return f"{name} over the all-reduce: {numbers}; {CAVEAT}"
-
-
-def transformer_shapes(model: Transformer) -> tuple[tuple[int, ...], ...]:
-    """The parameter shapes of `ringtree.sim.training.transformer`'s model, in forward order: the
-    embedding (and positions), per layer the attention's matrices, the MLP's (or the router's and
-    each expert's), the layer's biases and norms as one vector, then the untied logits."""
-    h = model.hidden
-    out: list[tuple[int, ...]] = [(model.vocab, h)]
-    out += [(model.seq, h)] if model.learned_positions else []
-    for i in range(model.layers):
-        out += [(n, k) for k, n, _ in model.attention_matmuls()]
-        if model.is_moe_layer(i):
-            f = model.moe_ffn_hidden
-            experts = (model.experts + model.shared_experts) * (model.gated - 1)
-            out += (
-                [(model.experts, h)] + [(f, h)] * experts + [(h, f)] * (model.experts + model.shared_experts)
-            )
-        else:
-            out += [(model.ffn_hidden, h)] * (model.gated - 1) + [(h, model.ffn_hidden)]
-        out.append((model.small_params,))
-    out += [] if model.learned_positions else [(h,)]  # Llama's final RMSNorm
-    return tuple(out + ([(model.vocab, h)] if model.logit_params else []))

@@ -86,7 +86,7 @@ def run(
                 f"unknown algorithm {algorithm!r}; choose auto or one of {', '.join(ALGORITHMS)}"
             )
         if sync.given():
-            sync.check(cluster, 1)
+            sync.check(cluster, _lowcomm_model(config, model, shape))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
@@ -190,18 +190,33 @@ def _sync(
 ) -> dict[str, Any]:
     """--sync: each method priced on this plan's data-parallel step (`predict_step` on the world or
     on one replica group), PowerSGD on the shapes of an encoder of --shape (or the preset's)."""
-    from ringtree.sim.lowcomm import Model, encoder_shapes
     from ringtree.sim.training.plan import predict_step
+
+    try:
+        return report(sync, _lowcomm_model(config, model, shape), cluster, algorithm,
+                      lambda a: lambda c: predict_step(config, c, a),
+                      "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _lowcomm_model(config: Any, model: str | None, shape: str | None) -> Any:
+    """What --sync needs of the model: the step's gradients and, for PowerSGD and the fragments,
+    an encoder of --shape's (or the preset's) layers."""
+    from ringtree.sim.lowcomm import Model
+    from ringtree.sim.training.param_shapes import encoder_shapes
     from ringtree.sim.training.tensor_parallel import SHAPES
 
     try:
         dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
-        shapes = encoder_shapes(config.params, dims[0], dims[1]) if dims and len(dims) == 3 else ()
-        lowcomm = Model(config.params, config.itemsize, config.bucket_mb, shapes)
-        return report(sync, lowcomm, cluster, algorithm, lambda a: lambda c: predict_step(config, c, a),
-                      "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+    except ValueError:
+        dims = ()
+    if shape is not None and len(dims or ()) != 3:
+        raise ValueError(f"--shape {shape!r}: write it as LAYERS,HIDDEN,SEQ, e.g. 12,768,197")
+    if not dims:
+        return Model(config.params, config.itemsize, config.bucket_mb)
+    shapes = encoder_shapes(config.params, dims[0], dims[1])
+    return Model(config.params, config.itemsize, config.bucket_mb, shapes, layers=dims[0])
 
 
 def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:

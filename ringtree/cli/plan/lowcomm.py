@@ -61,14 +61,14 @@ class SyncOptions:
         }
         return SyncMethod(sync or chosen, **words)
 
-    def check(self, cluster: Any, split: int) -> None:
-        """Refuse bad words before anything is priced: the method's own, and its replica groups on
-        `cluster` (each holding whole tp x cp x pp = `split` model copies)."""
-        from ringtree.sim.lowcomm import PERIODIC, replica_cluster
+    def check(self, cluster: Any, model: Any) -> None:
+        """Refuse bad words before anything is priced or printed: the method's own, and what the
+        model (a `ringtree.sim.lowcomm.Model`) and cluster allow it."""
+        from ringtree.sim.lowcomm import check
 
-        method = self.method()
-        if method.sync in PERIODIC:
-            replica_cluster(cluster, method.replicas or cluster.nodes, split)
+        check(self.method(), model, cluster)
+        if self.sweep is not None and cluster.nodes < 2:
+            raise ValueError("--sweep bandwidth varies the link between nodes: pass --nodes 2 or more")
 
     def methods(self) -> list[Any]:
         """Every method with the given words (those that apply to it), the chosen one's included."""

@@ -209,7 +209,9 @@ def run(
             raise ValueError("the transformer model needs --global-batch (sequences per optimizer step)")
         gpu, cluster = links.gpu(), links.cluster()
         if sync.given():
-            sync.check(cluster, layout["tp"] * layout["cp"] * layout["pp"])
+            sync.check(
+                cluster, _lowcomm_model(shape, layout["tp"], layout["pp"], layout["cp"], layout["zero"])
+            )
         chosen = default_algorithm(cluster) if algorithm == "auto" else algorithm
         if search and sync.given():
             raise ValueError(f"{', '.join(sync.given())} price one layout: drop --search, or them")
@@ -272,30 +274,34 @@ def _sync(sync: SyncOptions, shape: Any, run: Any, cluster: Any, gpu: Any, algor
     with its share of the global batch), PowerSGD on the model's own tensor shapes."""
     import dataclasses
 
-    from ringtree.sim.lowcomm import Model, transformer_shapes
     from ringtree.sim.training.predictor import plan
 
     def step_for(algorithm: str) -> Any:
         def step(group: Any) -> Any:
-            batch, rest = divmod(run.global_batch * group.ranks, cluster.ranks)
-            if rest:
-                raise ValueError(
-                    f"--global-batch {run.global_batch} does not split over replica groups of "
-                    f"{group.ranks} of the {cluster.ranks} GPUs; choose --replicas or --global-batch so "
-                    "that it does"
-                )
+            # the world's batch is a multiple of its dp x micro-batch, so each group's share is whole
+            batch = run.global_batch * group.ranks // cluster.ranks
             return plan(shape, dataclasses.replace(run, global_batch=batch), group, gpu, algorithm)
 
         return step
 
-    lowcomm = Model(shape.params, run.grad_itemsize, run.bucket_mb, transformer_shapes(shape), run.tp, run.pp,
-                    run.cp)  # fmt: skip
+    lowcomm = _lowcomm_model(shape, run.tp, run.pp, run.cp, run.zero, run.grad_itemsize, run.bucket_mb)
     try:
         return report(
             sync, lowcomm, cluster, algorithm, step_for, "transformer: the model's layers on the GPU"
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+
+
+def _lowcomm_model(
+    shape: Any, tp: int, pp: int, cp: int, zero: int, grad_itemsize: int = 4, bucket_mb: float = 25.0
+) -> Any:
+    """What --sync needs of the transformer: its parameters, tensor shapes and layers, and the layout."""
+    from ringtree.sim.lowcomm import Model
+    from ringtree.sim.training.param_shapes import transformer_shapes
+
+    shapes = transformer_shapes(shape)
+    return Model(shape.params, grad_itemsize, bucket_mb, shapes, tp, pp, cp, shape.layers, zero)
 
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:
