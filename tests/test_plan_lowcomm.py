@@ -72,6 +72,14 @@ def test_diloco_sends_ddps_bytes_over_h_and_adds_one_sync_per_h_steps() -> None:
     )
 
 
+def test_local_sgd_every_step_costs_what_ddp_costs() -> None:
+    """H = 1 with one device per replica and fp32 on both wires: the parameter average moves DDP's
+    bytes in DDP's buckets, so the step is DDP's (as H = 1 with inner SGD is data parallelism)."""
+    ddp, every = _price(sync="ddp"), _price(sync="local-sgd", inner_steps=1)
+    assert every.step_s == pytest.approx(ddp.step_s)
+    assert every.slow_link_bytes_per_step == pytest.approx(ddp.slow_link_bytes_per_step)
+
+
 def test_streaming_moves_one_fragment_every_h_over_f_steps_behind_t_steps() -> None:
     diloco = _price(sync="diloco", inner_steps=100)
     streaming = _price(sync="streaming-diloco", inner_steps=100, fragments=4)
@@ -238,6 +246,7 @@ def test_the_transformer_planner_prices_the_methods_and_sweeps(tmp_path: Path) -
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["sync_model"].startswith("transformer") and data["sync"]["fragments"] == 4
+    assert data["algorithm"] == "native" and data["sweep_algorithm"] == "hierarchical"
     diloco = next(r for r in data["syncs"] if r["sync"] == "diloco")
     assert data["sync"]["peak_sync_bytes"] == pytest.approx(diloco["peak_sync_bytes"] / 4, rel=1e-6)
     assert {f"sweep[].{k}" for k in data["sweep"][0]} == {
