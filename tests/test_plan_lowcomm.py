@@ -247,6 +247,8 @@ def test_the_transformer_planner_prices_the_methods_and_sweeps(tmp_path: Path) -
     data = json.loads(out.read_text())
     assert data["sync_model"].startswith("transformer") and data["sync"]["fragments"] == 4
     assert data["algorithm"] == "native" and data["sweep_algorithm"] == "hierarchical"
+    top = {k for k in [*OUTPUTS["plan"].keys, *OUTPUTS["plan-sync"].keys] if "." not in k and "[]" not in k}
+    assert set(data) == top
     diloco = next(r for r in data["syncs"] if r["sync"] == "diloco")
     assert data["sync"]["peak_sync_bytes"] == pytest.approx(diloco["peak_sync_bytes"] / 4, rel=1e-6)
     assert {f"sweep[].{k}" for k in data["sweep"][0]} == {
