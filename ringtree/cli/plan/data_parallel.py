@@ -12,7 +12,7 @@ import typer
 
 from ringtree.cli.output import console, print_table, write_json
 from ringtree.cli.plan.cluster import ClusterOptions, cluster_title
-from ringtree.cli.plan.lowcomm import SyncOptions, report
+from ringtree.cli.plan.lowcomm import SyncOptions, dp_sync_model, dp_sync_report
 
 DP = "Data-parallel planner"
 _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
@@ -86,7 +86,7 @@ def run(
                 f"unknown algorithm {algorithm!r}; choose auto or one of {', '.join(ALGORITHMS)}"
             )
         if sync.given():
-            sync.check(cluster, _lowcomm_model(config, model, shape))
+            sync.check(cluster, dp_sync_model(config, model, shape))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
@@ -97,7 +97,7 @@ def run(
     if tp > 1:
         result["tensor_parallel"] = _tensor_parallel(config, cluster, tp, model, shape, result["algorithm"])
     if sync.given():
-        result |= _sync(sync, config, cluster, result["algorithm"], model, shape)
+        result |= dp_sync_report(sync, config, cluster, result["algorithm"], model, shape)
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:
@@ -183,40 +183,6 @@ def _tensor_parallel(
                 highlight=False,
             )
     return {"inside_node": inside, "across_nodes": across}
-
-
-def _sync(
-    sync: SyncOptions, config: Any, cluster: Any, algorithm: str, model: str | None, shape: str | None
-) -> dict[str, Any]:
-    """--sync: each method priced on this plan's data-parallel step (`predict_step` on the world or
-    on one replica group), PowerSGD on the shapes of an encoder of --shape (or the preset's)."""
-    from ringtree.sim.training.plan import predict_step
-
-    try:
-        return report(sync, _lowcomm_model(config, model, shape), cluster, algorithm,
-                      lambda a: lambda c: predict_step(config, c, a),
-                      "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-
-
-def _lowcomm_model(config: Any, model: str | None, shape: str | None) -> Any:
-    """What --sync needs of the model: the step's gradients and, for PowerSGD and the fragments,
-    an encoder of --shape's (or the preset's) layers."""
-    from ringtree.sim.lowcomm import Model
-    from ringtree.sim.training.param_shapes import encoder_shapes
-    from ringtree.sim.training.tensor_parallel import SHAPES
-
-    try:
-        dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
-    except ValueError:
-        dims = ()
-    if shape is not None and len(dims or ()) != 3:
-        raise ValueError(f"--shape {shape!r}: write it as LAYERS,HIDDEN,SEQ, e.g. 12,768,197")
-    if not dims:
-        return Model(config.params, config.itemsize, config.bucket_mb)
-    shapes = encoder_shapes(config.params, dims[0], dims[1])
-    return Model(config.params, config.itemsize, config.bucket_mb, shapes, layers=dims[0])
 
 
 def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:

@@ -216,3 +216,72 @@ def _words(row: dict[str, Any]) -> str:
     return " ".join(
         f"{short}{'=' if short else ''}{row[k]}" for k, short in names.items() if row.get(k) is not None
     )
+
+
+def dp_sync_model(config: Any, model: str | None, shape: str | None) -> Any:
+    """What --sync needs of the data-parallel planner's model: the step's gradients and, for
+    PowerSGD and the fragments, an encoder of --shape's (or the preset's) layers."""
+    from ringtree.sim.lowcomm import Model
+    from ringtree.sim.training.param_shapes import encoder_shapes
+    from ringtree.sim.training.tensor_parallel import SHAPES
+
+    try:
+        dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
+    except ValueError:
+        dims = ()
+    if shape is not None and len(dims or ()) != 3:
+        raise ValueError(f"--shape {shape!r}: write it as LAYERS,HIDDEN,SEQ, e.g. 12,768,197")
+    if not dims:
+        return Model(config.params, config.itemsize, config.bucket_mb)
+    shapes = encoder_shapes(config.params, dims[0], dims[1])
+    return Model(config.params, config.itemsize, config.bucket_mb, shapes, layers=dims[0])
+
+
+def dp_sync_report(
+    sync: SyncOptions, config: Any, cluster: Any, algorithm: str, model: str | None, shape: str | None
+) -> dict[str, Any]:
+    """--sync on the data-parallel planner: each method priced on its step (`predict_step` on the
+    world or on one replica group); bad words exit 2."""
+    from ringtree.sim.training.plan import predict_step
+
+    try:
+        return report(sync, dp_sync_model(config, model, shape), cluster, algorithm,
+                      lambda a: lambda c: predict_step(config, c, a),
+                      "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def tf_sync_model(
+    shape: Any, tp: int, pp: int, cp: int, zero: int, grad_itemsize: int = 4, bucket_mb: float = 25.0
+) -> Any:
+    """What --sync needs of the transformer: its parameters, tensor shapes and layers, and the layout."""
+    from ringtree.sim.lowcomm import Model
+    from ringtree.sim.training.param_shapes import transformer_shapes
+
+    shapes = transformer_shapes(shape)
+    return Model(shape.params, grad_itemsize, bucket_mb, shapes, tp, pp, cp, shape.layers, zero)
+
+
+def tf_sync_report(
+    sync: SyncOptions, shape: Any, run: Any, cluster: Any, gpu: Any, algorithm: str
+) -> dict[str, Any]:
+    """--sync on the transformer planner: each method priced on the layout's step (`plan` on the
+    world, or on one replica group with its share of the global batch); bad words exit 2."""
+    import dataclasses
+
+    from ringtree.sim.training.predictor import plan
+
+    def step_for(algorithm: str) -> Any:
+        def step(group: Any) -> Any:
+            # the world's batch is a multiple of its dp x micro-batch, so each group's share is whole
+            batch = run.global_batch * group.ranks // cluster.ranks
+            return plan(shape, dataclasses.replace(run, global_batch=batch), group, gpu, algorithm)
+
+        return step
+
+    model = tf_sync_model(shape, run.tp, run.pp, run.cp, run.zero, run.grad_itemsize, run.bucket_mb)
+    try:
+        return report(sync, model, cluster, algorithm, step_for, "transformer: the model's layers on the GPU")
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None

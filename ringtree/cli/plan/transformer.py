@@ -13,7 +13,7 @@ import typer
 
 from ringtree.cli.output import console, print_table, write_json
 from ringtree.cli.plan.cluster import ClusterOptions, refuse
-from ringtree.cli.plan.lowcomm import SyncOptions, report
+from ringtree.cli.plan.lowcomm import SyncOptions, tf_sync_model, tf_sync_report
 from ringtree.cli.plan.moe import MoeOptions
 
 MODEL, LAYOUT = "Model", "Layout"
@@ -210,7 +210,7 @@ def run(
         gpu, cluster = links.gpu(), links.cluster()
         if sync.given():
             sync.check(
-                cluster, _lowcomm_model(shape, layout["tp"], layout["pp"], layout["cp"], layout["zero"])
+                cluster, tf_sync_model(shape, layout["tp"], layout["pp"], layout["cp"], layout["zero"])
             )
         chosen = default_algorithm(cluster) if algorithm == "auto" else algorithm
         if search and sync.given():
@@ -252,7 +252,7 @@ def run(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     print_transformer(rows, shape, cluster, gpu, search)
-    searched = _sync(sync, shape, run, cluster, gpu, chosen) if sync.given() else {}
+    searched = tf_sync_report(sync, shape, run, cluster, gpu, chosen) if sync.given() else {}
     if search:
         searched = {
             "layouts_fit": found.fitted,
@@ -267,41 +267,6 @@ def run(
 
         draw(rows, shape, gpu, plot, search)
         console.print(f"wrote {plot}", highlight=False)
-
-
-def _sync(sync: SyncOptions, shape: Any, run: Any, cluster: Any, gpu: Any, algorithm: str) -> dict[str, Any]:
-    """--sync: each method priced on this layout's step (`plan` on the world, or on one replica group
-    with its share of the global batch), PowerSGD on the model's own tensor shapes."""
-    import dataclasses
-
-    from ringtree.sim.training.predictor import plan
-
-    def step_for(algorithm: str) -> Any:
-        def step(group: Any) -> Any:
-            # the world's batch is a multiple of its dp x micro-batch, so each group's share is whole
-            batch = run.global_batch * group.ranks // cluster.ranks
-            return plan(shape, dataclasses.replace(run, global_batch=batch), group, gpu, algorithm)
-
-        return step
-
-    lowcomm = _lowcomm_model(shape, run.tp, run.pp, run.cp, run.zero, run.grad_itemsize, run.bucket_mb)
-    try:
-        return report(
-            sync, lowcomm, cluster, algorithm, step_for, "transformer: the model's layers on the GPU"
-        )
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-
-
-def _lowcomm_model(
-    shape: Any, tp: int, pp: int, cp: int, zero: int, grad_itemsize: int = 4, bucket_mb: float = 25.0
-) -> Any:
-    """What --sync needs of the transformer: its parameters, tensor shapes and layers, and the layout."""
-    from ringtree.sim.lowcomm import Model
-    from ringtree.sim.training.param_shapes import transformer_shapes
-
-    shapes = transformer_shapes(shape)
-    return Model(shape.params, grad_itemsize, bucket_mb, shapes, tp, pp, cp, shape.layers, zero)
 
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:
