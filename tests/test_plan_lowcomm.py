@@ -4,6 +4,7 @@ the CLI's tables and JSON, and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -144,6 +145,12 @@ def test_powersgd_prices_three_all_reduces_per_bucket_one_after_another() -> Non
     want = sum(collective_s("all_reduce", "ring", NODES3, n * 4, 4) for n in (plain, p, q))
     assert got.step_s == pytest.approx(0.2 + want) and got.dp_comm_s == pytest.approx(want)
     assert got.slow_link_bytes_per_step == pytest.approx(slow_link_bytes((plain + p + q) * 4, 3, NODES3))
+    # on a device of 1 TB/s, torch's hook's 11 passes over the two compressed matrices (the vector
+    # travels whole)
+    fast = dataclasses.replace(model, hbm_Bps=1e12)
+    passes = price(SyncMethod("powersgd", powersgd_rank=4), fast, NODES3, "ring",
+                   lambda c: predict_step(config, c, "ring"))  # fmt: skip
+    assert passes.step_s == pytest.approx(got.step_s + 11 * 2 * 256 * 512 * 4 / 1e12)
 
 
 def test_the_models_shapes_add_up_to_its_parameters() -> None:

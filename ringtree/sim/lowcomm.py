@@ -8,8 +8,8 @@ T overlapped steps, R replica groups, S the bytes of one full-model sync):
   * powersgd: DDP's step with each bucket's all-reduce replaced by what torch's `powerSGD_hook` runs
     on it, one after another: one plain all-reduce of the uncompressed tensors (1-D, and matrices
     whose compression rate is below the minimum), then the all-reduce of P (rows x rank), then of Q
-    (columns x rank); what DDP's overlap hid of its own all-reduce hides as much of these (the
-    matmuls and the orthogonalisation are not priced: small beside the network they are used on);
+    (columns x rank); what DDP's overlap hid of its own all-reduce hides as much of these; on the
+    device, `POWERSGD_PASSES` memory passes over the compressed tensors (when the GPU is known);
   * local-sgd, diloco: DDP inside each replica group every step, and every H steps a full-model
     all-reduce between the groups; each rank of a group sends its 1/(group's ranks) shard (the
     group's copies are equal) and the group all-gathers the average back, as a hierarchical
@@ -39,6 +39,10 @@ from ringtree.sim.training.plan import StepPrediction, buckets, collective_s, dp
 SYNCS = ("ddp", "powersgd", "local-sgd", "diloco", "streaming-diloco")
 PERIODIC = ("local-sgd", "diloco", "streaming-diloco")
 OUTER_DTYPES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+# PowerSGD's passes over a compressed bucket in memory, as torch's hook runs them with error
+# feedback: add the error (2 reads, 1 write), keep a copy (1 + 1), M Q and M^T P (1 read each),
+# P Q^T back into the bucket (1 write), the new error (2 reads, 1 write)
+POWERSGD_PASSES = 11
 SCALE_BLOCK = 128  # elements sharing one fp32 scale in a quantised pseudo-gradient (per-block scales)
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)  # compute utilisations the bandwidth sweep asks for
 CAVEAT = (
@@ -124,6 +128,7 @@ class Model:
     cp: int = 1
     layers: int = 0  # the layers Streaming DiLoCo's fragments split (0: unknown)
     zero: int = 0  # the ZeRO stage inside a replica group (PowerSGD compresses DDP's all-reduce only)
+    hbm_Bps: float = 0.0  # the device's memory bandwidth, for PowerSGD's passes (0: unknown, not priced)
 
     @property
     def split(self) -> int:
@@ -224,6 +229,20 @@ def _powersgd_buckets(model: Model, rank: int, min_rate: float) -> list[tuple[in
     return out
 
 
+def powersgd_compute_s(model: Model, method: SyncMethod) -> float:
+    """PowerSGD's work on the device per step: `POWERSGD_PASSES` passes over the compressed tensors
+    at the memory's bandwidth (its rank-r matmuls are memory-bound; the orthogonalisation of P,
+    n x r, is smaller still); 0 when the bandwidth is unknown."""
+    if not model.hbm_Bps:
+        return 0.0
+    compressed = sum(
+        math.prod(s)
+        for s in model.shapes
+        if powersgd_payload([s], method.powersgd_rank, method.min_compression_rate)[0] == 0
+    )
+    return POWERSGD_PASSES * compressed * model.grad_itemsize / model.hbm_Bps
+
+
 def _powersgd(
     method: SyncMethod, model: Model, cluster: Cluster, algorithm: str, world: StepPrediction,
     compute: float, samples: float,
@@ -237,7 +256,7 @@ def _powersgd(
         elements += sum(bucket)
     hidden = world.dp_allreduce_s - world.exposed_dp_s  # what DDP's overlap hid of its own all-reduce
     exposed = max(0.0, total - hidden)
-    step_s = world.step_s - world.exposed_dp_s + exposed
+    step_s = world.step_s - world.exposed_dp_s + exposed + powersgd_compute_s(model, method)
     nbytes = slow_link_bytes(elements * size, cluster.ranks, cluster)
     return _result(method, 1, step_s, step_s, 0.0, 0.0, exposed, nbytes, nbytes, compute, samples)
 

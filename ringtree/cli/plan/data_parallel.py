@@ -97,7 +97,7 @@ def run(
     if tp > 1:
         result["tensor_parallel"] = _tensor_parallel(config, cluster, tp, model, shape, result["algorithm"])
     if sync.given():
-        result |= dp_sync_report(sync, config, cluster, result["algorithm"], model, shape)
+        result |= dp_sync_report(sync, config, links, result["algorithm"], model, shape)
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:

@@ -218,7 +218,7 @@ def _words(row: dict[str, Any]) -> str:
     )
 
 
-def dp_sync_model(config: Any, model: str | None, shape: str | None) -> Any:
+def dp_sync_model(config: Any, model: str | None, shape: str | None, hbm_Bps: float = 0.0) -> Any:
     """What --sync needs of the data-parallel planner's model: the step's gradients and, for
     PowerSGD and the fragments, an encoder of --shape's (or the preset's) layers."""
     from ringtree.sim.lowcomm import Model
@@ -234,18 +234,20 @@ def dp_sync_model(config: Any, model: str | None, shape: str | None) -> Any:
     if not dims:
         return Model(config.params, config.itemsize, config.bucket_mb)
     shapes = encoder_shapes(config.params, dims[0], dims[1])
-    return Model(config.params, config.itemsize, config.bucket_mb, shapes, layers=dims[0])
+    return Model(config.params, config.itemsize, config.bucket_mb, shapes, layers=dims[0], hbm_Bps=hbm_Bps)
 
 
 def dp_sync_report(
-    sync: SyncOptions, config: Any, cluster: Any, algorithm: str, model: str | None, shape: str | None
+    sync: SyncOptions, config: Any, links: Any, algorithm: str, model: str | None, shape: str | None
 ) -> dict[str, Any]:
     """--sync on the data-parallel planner: each method priced on its step (`predict_step` on the
-    world or on one replica group); bad words exit 2."""
+    world or on one replica group), PowerSGD's passes at the --cluster GPU's memory bandwidth when
+    there is one; bad words exit 2."""
     from ringtree.sim.training.plan import predict_step
 
+    hbm = links.gpu().hbm_GBps * 1e9 if links.name is not None else 0.0
     try:
-        return report(sync, dp_sync_model(config, model, shape), cluster, algorithm,
+        return report(sync, dp_sync_model(config, model, shape, hbm), links.cluster(), algorithm,
                       lambda a: lambda c: predict_step(config, c, a),
                       "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
     except ValueError as e:
@@ -253,14 +255,16 @@ def dp_sync_report(
 
 
 def tf_sync_model(
-    shape: Any, tp: int, pp: int, cp: int, zero: int, grad_itemsize: int = 4, bucket_mb: float = 25.0
-) -> Any:
-    """What --sync needs of the transformer: its parameters, tensor shapes and layers, and the layout."""
+    shape: Any, tp: int, pp: int, cp: int, zero: int, grad_itemsize: int = 4, bucket_mb: float = 25.0,
+    hbm_Bps: float = 0.0,
+) -> Any:  # fmt: skip
+    """What --sync needs of the transformer: its parameters, tensor shapes and layers, the layout and
+    the GPU's memory bandwidth (PowerSGD's passes)."""
     from ringtree.sim.lowcomm import Model
     from ringtree.sim.training.param_shapes import transformer_shapes
 
     shapes = transformer_shapes(shape)
-    return Model(shape.params, grad_itemsize, bucket_mb, shapes, tp, pp, cp, shape.layers, zero)
+    return Model(shape.params, grad_itemsize, bucket_mb, shapes, tp, pp, cp, shape.layers, zero, hbm_Bps)
 
 
 def tf_sync_report(
@@ -280,7 +284,8 @@ def tf_sync_report(
 
         return step
 
-    model = tf_sync_model(shape, run.tp, run.pp, run.cp, run.zero, run.grad_itemsize, run.bucket_mb)
+    model = tf_sync_model(shape, run.tp, run.pp, run.cp, run.zero, run.grad_itemsize, run.bucket_mb,
+                          gpu.hbm_GBps * 1e9)  # fmt: skip
     try:
         return report(sync, model, cluster, algorithm, step_for, "transformer: the model's layers on the GPU")
     except ValueError as e:
