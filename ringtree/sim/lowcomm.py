@@ -416,8 +416,8 @@ def recommend(chosen: SyncPrice, ddp: SyncPrice) -> str:
     fewer = ddp.slow_link_bytes_per_step / max(chosen.slow_link_bytes_per_step, 1.0)
     numbers = (
         f"{chosen.step_s:.3f} s per step vs {ddp.step_s:.3f} s, {gain:.2f}x the samples/s, compute "
-        f"utilisation {chosen.compute_utilisation:.0%} vs {ddp.compute_utilisation:.0%}, {fewer:.0f}x "
-        "fewer bytes per step between nodes"
+        f"utilisation {chosen.compute_utilisation:.0%} vs {ddp.compute_utilisation:.0%}, "
+        f"{fewer:.3g}x fewer bytes per step over the slowest link"
     )
     if gain <= 1.0:
         return f"ddp: {name} does not pay off here ({numbers})"

@@ -188,7 +188,7 @@ def _print(out: dict[str, Any], cluster: Any) -> None:
         f"ringtree plan --sync {out['sync']['sync']} ({out['sync_model']}), {cluster.nodes} x "
         f"{cluster.gpus_per_node}, {cluster.inter.name} between nodes",
         ["sync", "words", "step (s)", "samples/s", "compute util.", "outer sync (s)",
-         "bytes/step between nodes", "peak sync (MB)", "peak Gbit/s"],
+         "bytes/step, slowest link", "peak sync (MB)", "peak Gbit/s"],
         [[r["sync"], _words(r), f"{r['step_s']:.4f}", f"{r['samples_per_s']:.1f}",
           f"{r['compute_utilisation']:.1%}", f"{r['outer_sync_s']:.3f}",
           f"{r['slow_link_bytes_per_step'] / 1e6:.2f} MB", f"{r['peak_sync_bytes'] / 1e6:.1f}",
