@@ -402,6 +402,14 @@ OUTPUTS: dict[str, Output] = {
             "links[].after_idle_gbps": "measured rate after an idle pause (a full token bucket), Gbit/s",
             "links[].latency_us": "one small message's round trip / 2, microseconds",
             "command": "the command the nodes ran",
+            "link_bytes": (
+                "every node's interface during the job (the link probe excluded), from the kernel's counters"
+            ),
+            "link_bytes[].node": "the node",
+            "link_bytes[].sent": (
+                "bytes its interface sent to other nodes: frames with headers, retransmissions included"
+            ),
+            "link_bytes[].received": "bytes its interface received from other nodes",
             "exit_code": "the job's exit code (the command's own, e.g. doctor's 1)",
         },
     ),
