@@ -404,6 +404,14 @@ OUTPUTS: dict[str, Output] = {
             "links[].after_idle_gbps": "measured rate after an idle pause (a full token bucket), Gbit/s",
             "links[].latency_us": "one small message's round trip / 2, microseconds",
             "command": "the command the nodes ran",
+            "link_bytes": (
+                "every node's interface during the job (the link probe excluded), from the kernel's counters"
+            ),
+            "link_bytes[].node": "the node",
+            "link_bytes[].sent": (
+                "bytes its interface sent to other nodes: frames with headers, retransmissions included"
+            ),
+            "link_bytes[].received": "bytes its interface received from other nodes",
             "exit_code": "the job's exit code (the command's own, e.g. doctor's 1)",
         },
     ),
@@ -438,6 +446,91 @@ OUTPUTS: dict[str, Output] = {
             "suspects[].kind": "link or compute",
             "suspects[].measured": "what was measured (Gbit/s or GFLOP/s)",
             "suspects[].expected": "what was expected, same unit",
+        },
+    ),
+    "plan-sync": Output(
+        "ringtree plan ... --sync METHOD [--sweep bandwidth] --json FILE",
+        "the keys of `plan` or `plan-dp`, and",
+        {
+            "sync_model": (
+                "which planner's step the methods price: the data-parallel formula or the transformer"
+            ),
+            "sync": "the `--sync` method's row (the keys of `syncs[]`)",
+            "sync.sync": "the method: ddp, powersgd, local-sgd, diloco or streaming-diloco",
+            "sync.powersgd_rank": "PowerSGD's rank (null for the other methods)",
+            "sync.inner_steps": "inner steps H between syncs (local SGD, DiLoCo; else null)",
+            "sync.fragments": "Streaming DiLoCo's fragments F (else null)",
+            "sync.overlap_steps": (
+                "inner steps T a fragment's all-reduce runs behind (Streaming DiLoCo; else null)"
+            ),
+            "sync.outer_dtype": "the outer all-reduce's dtype (local SGD, DiLoCo; else null)",
+            "sync.replicas": "replica groups (1 for ddp and powersgd)",
+            "sync.step_s": "the mean step: the inner step plus the outer sync left exposed, per step",
+            "sync.inner_step_s": "one step inside a replica group (DDP or PowerSGD: the whole step)",
+            "sync.outer_sync_s": (
+                "one outer all-reduce between the replica groups (one fragment's); 0 for ddp and powersgd"
+            ),
+            "sync.outer_comm_exposed_s": "the outer all-reduce left exposed, averaged per step",
+            "sync.dp_comm_s": (
+                "the every-step gradient reduction left exposed (DDP inside a replica group, or PowerSGD's)"
+            ),
+            "sync.slow_link_bytes_per_step": (
+                "bytes one node sends to the others per step, averaged (on one node: one rank)"
+            ),
+            "sync.peak_sync_bytes": "the largest single sync's bytes over that link",
+            "sync.peak_bandwidth_gbps": (
+                "those bytes over the compute time they may take (T inner steps, at least one), Gbit/s"
+            ),
+            "sync.compute_utilisation": "the step with no data-parallel communication over `step_s`",
+            "sync.samples_per_s": "samples per second, all replicas",
+            "syncs": "every method's row, with the same words, DDP first",
+            "syncs[].sync": "the method: ddp, powersgd, local-sgd, diloco or streaming-diloco",
+            "syncs[].powersgd_rank": "PowerSGD's rank (null for the other methods)",
+            "syncs[].inner_steps": "inner steps H between syncs (local SGD, DiLoCo; else null)",
+            "syncs[].fragments": "Streaming DiLoCo's fragments F (else null)",
+            "syncs[].overlap_steps": (
+                "inner steps T a fragment's all-reduce runs behind (Streaming DiLoCo; else null)"
+            ),
+            "syncs[].outer_dtype": "the outer all-reduce's dtype (local SGD, DiLoCo; else null)",
+            "syncs[].replicas": "replica groups (1 for ddp and powersgd)",
+            "syncs[].step_s": "the mean step: the inner step plus the outer sync left exposed, per step",
+            "syncs[].inner_step_s": "one step inside a replica group (DDP or PowerSGD: the whole step)",
+            "syncs[].outer_sync_s": (
+                "one outer all-reduce between the replica groups (one fragment's); 0 for ddp and powersgd"
+            ),
+            "syncs[].outer_comm_exposed_s": "the outer all-reduce left exposed, averaged per step",
+            "syncs[].dp_comm_s": (
+                "the every-step gradient reduction left exposed (DDP inside a replica group, or PowerSGD's)"
+            ),
+            "syncs[].slow_link_bytes_per_step": (
+                "bytes one node sends to the others per step, averaged (on one node: one rank)"
+            ),
+            "syncs[].peak_sync_bytes": "the largest single sync's bytes over that link",
+            "syncs[].peak_bandwidth_gbps": (
+                "those bytes over the compute time they may take (T inner steps, at least one), Gbit/s"
+            ),
+            "syncs[].compute_utilisation": "the step with no data-parallel communication over `step_s`",
+            "syncs[].samples_per_s": "samples per second, all replicas",
+            "sync_recommendation": (
+                "whether the method pays off against DDP's all-reduce, why, and the convergence caveat"
+            ),
+            "sweep": "with `--sweep bandwidth`: per method, the bandwidth each compute utilisation needs",
+            "sweep_algorithm": (
+                "the all-reduce the sweep prices with: the plan's, or for `native` (NCCL's model, fitted "
+                "at data-centre bandwidths) `hierarchical`"
+            ),
+            "sweep[].sync": "the method: ddp, powersgd, local-sgd, diloco or streaming-diloco",
+            "sweep[].powersgd_rank": "PowerSGD's rank (null for the other methods)",
+            "sweep[].inner_steps": "inner steps H between syncs (local SGD, DiLoCo; else null)",
+            "sweep[].fragments": "Streaming DiLoCo's fragments F (else null)",
+            "sweep[].overlap_steps": (
+                "inner steps T a fragment's all-reduce runs behind (Streaming DiLoCo; else null)"
+            ),
+            "sweep[].outer_dtype": "the outer all-reduce's dtype (local SGD, DiLoCo; else null)",
+            "sweep[].gbps": (
+                "per compute utilisation (`50%` ... `99%`), the Gbit/s per NIC between nodes it needs; null "
+                "where the network alone cannot reach it"
+            ),
         },
     ),
     "plan-search": Output(

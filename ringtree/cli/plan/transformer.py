@@ -13,6 +13,7 @@ import typer
 
 from ringtree.cli.output import console, print_table, write_json
 from ringtree.cli.plan.cluster import ClusterOptions, refuse
+from ringtree.cli.plan.lowcomm import SyncOptions, tf_sync_model, tf_sync_report
 from ringtree.cli.plan.moe import MoeOptions
 
 MODEL, LAYOUT = "Model", "Layout"
@@ -189,8 +190,10 @@ def run(
     legacy: dict[str, Any],
     moe: MoeOptions,
     plot: Path | None = None,
+    sync: SyncOptions = SyncOptions(),
 ) -> None:
-    """The transformer model: one layout, or --search over all that fit."""
+    """The transformer model: one layout, or --search over all that fit; with --sync, the layout's
+    step under each low-communication method."""
     from ringtree.sim.training.layout import CP_COMMS, Training
     from ringtree.sim.training.predictor import default_algorithm, plan
     from ringtree.sim.training.search import search as search_layouts
@@ -208,7 +211,13 @@ def run(
         if global_batch is None:
             raise ValueError("the transformer model needs --global-batch (sequences per optimizer step)")
         gpu, cluster = links.gpu(), links.cluster()
+        if sync.given():
+            sync.check(
+                cluster, tf_sync_model(shape, layout["tp"], layout["pp"], layout["cp"], layout["zero"])
+            )
         chosen = default_algorithm(cluster) if algorithm == "auto" else algorithm
+        if search and sync.given():
+            raise ValueError(f"{', '.join(sync.given())} price one layout: drop --search, or them")
         if search:
             if layout["cp_comm"] not in CP_COMMS:
                 raise ValueError(f"unknown --cp-comm {layout['cp_comm']!r}; choose {' or '.join(CP_COMMS)}")
@@ -246,7 +255,7 @@ def run(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     print_transformer(rows, shape, cluster, gpu, search)
-    searched = {}
+    searched = tf_sync_report(sync, shape, run, cluster, gpu, chosen) if sync.given() else {}
     if search:
         searched = {
             "layouts_fit": found.fitted,
