@@ -143,9 +143,15 @@ def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, acti
         raise typer.BadParameter(str(e)) from None
     link = cluster.intra if pp <= cluster.gpus_per_node else cluster.inter
     out = predict_pipeline(schedule, pp, m, seconds, link, int(activation_mb * 1e6))
+    from ringtree.schedules.pipeline import ZERO_BUBBLE
+    from ringtree.sim.training.pipeline import FORMULAS
+
+    theory = (
+        f"{FORMULAS[schedule]} with W a third of the backward" if schedule in ZERO_BUBBLE else "(p-1)/(m+p-1)"
+    )
     console.print(
         f"pipeline: {schedule}, pp={pp}, m={m}: step {out['pipeline_step_time_s']:.4f} s, bubble "
-        f"{out['bubble_fraction']:.1%} (theory (p-1)/(m+p-1) = {out['theoretical_bubble_fraction']:.1%})",
+        f"{out['bubble_fraction']:.1%} (theory {theory} = {out['theoretical_bubble_fraction']:.1%})",
         highlight=False,
     )
     return out

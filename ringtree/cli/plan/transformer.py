@@ -47,7 +47,10 @@ PP = typer.Option(
     1, help="Pipeline stages: also predict a pipeline step (replayed schedule).", rich_help_panel=LAYOUT
 )
 SCHEDULE = typer.Option(
-    "1f1b", help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream.", rich_help_panel=LAYOUT
+    "1f1b",
+    help="Pipeline schedule for --pp: gpipe, 1f1b, pipedream, or the split backward's zb-h1, zb-h2, zb-v, "
+    "dualpipev.",
+    rich_help_panel=LAYOUT,
 )
 TP = typer.Option(
     1,
@@ -302,11 +305,12 @@ def print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, searc
     )
     print_table(
         title,
-        ["tp", "cp", "pp", "v", "dp", "ep", "etp", "zero", "sp", "mb", "recompute", "step (s)", "MFU",
-         "tok/s/GPU", "TP comm", "CP comm", "EP comm",
+        ["tp", "cp", "pp", "schedule", "v", "dp", "ep", "etp", "zero", "sp", "mb", "recompute", "step (s)",
+         "MFU", "tok/s/GPU", "TP comm", "CP comm", "EP comm",
          "PP bubble", "exposed DP", "memory (GiB)"],
         [
-            [r.tp, r.cp, r.pp, r.virtual_stages, r.dp, r.ep, r.etp, r.zero,
+            [r.tp, r.cp, r.pp, r.details["training"]["schedule"] if r.pp > 1 else "-", r.virtual_stages,
+             r.dp, r.ep, r.etp, r.zero,
              "yes" if r.sequence_parallel else "no",
              r.details["training"]["micro_batch"], r.details["training"]["recompute"], f"{r.step_s:.3f}",
              f"{r.mfu:.1%}", f"{r.tokens_per_s_per_gpu:,.0f}", f"{r.tp_comm_s:.3f}", f"{r.cp_comm_s:.3f}",
