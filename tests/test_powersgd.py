@@ -227,3 +227,33 @@ def test_one_powersgd_state_serves_one_model() -> None:
     state.bind()
     with pytest.raises(ValueError, match="its own PowerSGD"):
         state.bind()
+
+
+def trainer_runs(rank: int, ck: str) -> dict[str, Any]:
+    """`ringtree train --compression powersgd`: 46 steps straight, and 21 + a resume to 46."""
+    from dataclasses import replace
+
+    from ringtree.train import TrainConfig, Trainer
+
+    cfg = TrainConfig(
+        epochs=2, progress=False, compression="powersgd", powersgd_rank=2, powersgd_start_iter=3
+    )
+    out = {"full": Trainer.from_config(replace(cfg, checkpoint_dir=f"{ck}/full")).run().summary}
+    first = replace(cfg, epochs=1, checkpoint_dir=f"{ck}/part", checkpoint_every=7)
+    Trainer.from_config(first).run()  # its last checkpoint: step 21 of 23
+    out["resumed"] = Trainer.from_config(replace(cfg, checkpoint_dir=f"{ck}/part", resume=True)).run().summary
+    return out
+
+
+def test_train_with_powersgd_resumes_bit_identical(tmp_path: Any) -> None:
+    results = spawn(trainer_runs, 2, (str(tmp_path),), timeout_s=300)
+    summary = results[0]["full"]
+    assert summary["compression"] == "powersgd" and summary["powersgd_rank"] == 2
+    assert results[0]["resumed"]["resumed_from_step"] == 21
+    full, resumed = (torch.load(tmp_path / f"{run}/last.pt", weights_only=True) for run in ("full", "part"))
+    assert full["step"] == resumed["step"] == 46
+    for name, tensor in full["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), f"{name} differs after resuming"
+    errors = [ranks[0]["error"] for ranks in full["powersgd"]]  # every rank's own error buffers
+    assert len(errors) == 2 and errors[0] and not torch.equal(errors[0]["0"], errors[1]["0"])
+    assert all(ranks[0]["iter"] == 46 for ranks in resumed["powersgd"])

@@ -118,7 +118,24 @@ class Checkpointer:
             torch.set_rng_state(state["rng"])
         if self.amp.scaler is not None and "scaler" in state:
             self.amp.scaler.load_state_dict(state["scaler"])
+        self._load_powersgd(state.get("powersgd"))
         return int(state["step"])
+
+    def _load_powersgd(self, saved: list[list[dict[str, Any]]] | None) -> None:
+        """This rank's PowerSGD states (error buffers, Q memories, iteration) from a dense checkpoint
+        of the same world and layout; otherwise they start afresh (the model resumes all the same)."""
+        mine = self.parallel.powersgd
+        if not mine:
+            return
+        if saved is None or len(saved) != dist.get_world_size() or len(saved[self.rank]) != len(mine):
+            if self.rank == 0:
+                print(
+                    "# the checkpoint holds no PowerSGD state for this layout: its error buffers start at 0"
+                )
+            return
+        device = next(self.net.parameters()).device
+        for state, entry in zip(mine, saved[self.rank], strict=True):
+            state.load_state_dict(entry, device)
 
     def _resume_sharded(self, path: Any, record: dict[str, Any]) -> int:
         """Continue from a torch.distributed.checkpoint folder (saved with --zero, at any DP size)."""
@@ -228,6 +245,7 @@ class Checkpointer:
         cfg, pipe = self.cfg, self.parallel.pipe
         if pipe is not None:
             gather_stages(pipe.stages, self.mesh.pp_rank, self.mesh.pp_group)
+        powersgd = self._gather_powersgd()
         model = tensor_parallel.model_state(self.net, self.dense)  # dense: resumes at any --tp
         optimizer = tensor_parallel.optimizer_state(self.net, self.optimizer, self._owned())
         if pipe is not None:
@@ -243,6 +261,8 @@ class Checkpointer:
             }
             if self.amp.scaler is not None:
                 state["scaler"] = self.amp.scaler.state_dict()
+            if powersgd is not None:
+                state["powersgd"] = powersgd
             keep = cfg.get("keep_checkpoints")
             if self.writer is not None:  # a copy (training changes the tensors), written meanwhile
                 copy = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, state)
@@ -251,6 +271,15 @@ class Checkpointer:
             checkpoint.save(cfg.checkpoint_dir, state, keep=keep)  # type: ignore[arg-type]
         if self.writer is None:
             dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
+
+    def _gather_powersgd(self) -> list[list[dict[str, Any]]] | None:
+        """Every rank's PowerSGD states, indexed by global rank (collective; None without PowerSGD):
+        the error buffers differ from rank to rank, so rank 0 writes them all."""
+        if self.cfg.compression != "powersgd":
+            return None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, [s.state_dict() for s in self.parallel.powersgd])
+        return gathered
 
     def _share(self) -> expert_checkpoint.Share | None:
         """This rank's share of an expert-parallel run (None without EP: the other layouts' paths)."""
