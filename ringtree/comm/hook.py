@@ -163,6 +163,8 @@ def _run_powersgd(
         state.reduce(index, flat, grads, dist.get_world_size(group), summed)
         if last:
             state.step_done()
+        if flat.is_cuda:  # as torch's hook: the kernels of this thread done before the reducer reads
+            torch.cuda.synchronize(flat.device)
         fut.set_result(flat)
     except Exception as e:  # carried to the reducer, which re-raises it in backward
         fut.set_exception(e)  # type: ignore[arg-type]  # torch's stub says Tensor; it takes exceptions
