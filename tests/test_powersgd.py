@@ -30,17 +30,23 @@ OPTIONS: list[tuple[int, int, float, bool, bool]] = [
 
 
 def net() -> nn.Module:
-    """Two layers of one shape (torch groups P and Q by shape), a wide input and a narrow output."""
+    """Layers of three shapes, one shape coming back after another (torch orders P and Q by
+    shape, first seen first), a wide input and a narrow output (uncompressed at rate 2)."""
     torch.manual_seed(0)
     return nn.Sequential(
         nn.Linear(24, 32),
         nn.ReLU(),
         nn.Linear(32, 32),
         nn.ReLU(),
-        nn.Linear(32, 32),
+        nn.Linear(32, 24),
         nn.Tanh(),
+        nn.Linear(24, 32),
+        nn.ReLU(),
         nn.Linear(32, 4),
     )
+
+
+PARAMETERS = 10
 
 
 def torch_hook_in_order(
@@ -90,34 +96,40 @@ def train(kind: str, options: tuple[int, int, float, bool, bool], bucket_mb: flo
     return grads
 
 
-def compare_with_torch(rank: int, bucket_mb: float) -> dict[str, list[list[torch.Tensor]]]:
+def compare_with_torch(
+    rank: int, bucket_mb: float, options: list[tuple[int, int, float, bool, bool]]
+) -> dict[str, list[list[torch.Tensor]]]:
     return {
-        kind: [train(kind, o, bucket_mb) for o in OPTIONS]
+        kind: [train(kind, o, bucket_mb) for o in options]
         for kind in ("torch", "ringtree-hook", "ringtree-ddp")
     }
 
 
-def _assert_torch_equal(ranks: list[dict[str, list[list[torch.Tensor]]]]) -> None:
+def _assert_torch_equal(
+    ranks: list[dict[str, list[list[torch.Tensor]]]], options: list[tuple[int, int, float, bool, bool]]
+) -> None:
     for runs in ranks:
         for kind in ("ringtree-hook", "ringtree-ddp"):
-            for options, got, want in zip(OPTIONS, runs[kind], runs["torch"], strict=True):
+            for option, got, want in zip(options, runs[kind], runs["torch"], strict=True):
                 for k, (a, b) in enumerate(zip(got, want, strict=True)):
-                    msg = f"{kind} {options}: step {k // 8}, parameter {k % 8}"
+                    msg = f"{kind} {option}: step {k // PARAMETERS}, parameter {k % PARAMETERS}"
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=msg)
     # compression really ran: a compressed step's gradients are not the plain average's
-    plain, compressed = ranks[0]["torch"][0][:8], ranks[0]["torch"][0][-8:]
+    plain, compressed = ranks[0]["torch"][0][:PARAMETERS], ranks[0]["torch"][0][-PARAMETERS:]
     assert not any(torch.allclose(a, b) for a, b in zip(plain, compressed, strict=True))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_powersgd_gives_torch_powersgd_hook_gradients(world: int) -> None:
-    """One bucket (the default cap) on 2 and 4 gloo ranks, every option of torch's state."""
-    _assert_torch_equal(spawn(compare_with_torch, world, (25.0,), timeout_s=300))
+    """One bucket (the default cap) on 2 gloo ranks with every option of torch's state; on 4 with
+    error feedback and warm start, and with QR's rank and the low rate."""
+    options = OPTIONS if world == 2 else [OPTIONS[0], OPTIONS[2]]
+    _assert_torch_equal(spawn(compare_with_torch, world, (25.0, options), timeout_s=300), options)
 
 
 def test_powersgd_matches_torch_bucket_by_bucket() -> None:
     """Small buckets (several per step: each its own error, P and Q memories and random seed)."""
-    _assert_torch_equal(spawn(compare_with_torch, 2, (0.004,), timeout_s=300))
+    _assert_torch_equal(spawn(compare_with_torch, 2, (0.004, OPTIONS), timeout_s=300), OPTIONS)
 
 
 def rank_one_runs(rank: int) -> dict[str, list[torch.Tensor]]:
@@ -170,6 +182,8 @@ def checkpoint_runs(rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             out += [p.detach().clone() for p in model.parameters()]
         return out
 
+    default = DistributedDataParallel(net(), compression="powersgd").powersgd  # is PowerSGD()
+    assert default is not None and default.state_dict()["options"] == PowerSGD().state_dict()["options"]
     model, opt, ddp = make()
     steps(model, opt, ddp, 0)
     buffer = io.BytesIO()
@@ -222,6 +236,16 @@ def test_bad_powersgd_options_are_refused_by_name(options: dict[str, Any], word:
         PowerSGD(**options)
 
 
+def test_the_hook_takes_a_powersgd_state_that_survives_torchs_bucket_rebuild() -> None:
+    from ringtree.comm.hook import _check_hook_state
+
+    with pytest.raises(TypeError, match="ringtree PowerSGD"):
+        _check_hook_state(torch_powersgd.PowerSGDState(None))
+    with pytest.raises(ValueError, match="start_iter 2 or more"):
+        _check_hook_state(PowerSGD(start_iter=1))
+    _check_hook_state(PowerSGD(start_iter=1, error_feedback=False, warm_start=False))
+
+
 def test_one_powersgd_state_serves_one_model() -> None:
     state = PowerSGD()
     state.bind()
@@ -257,3 +281,20 @@ def test_train_with_powersgd_resumes_bit_identical(tmp_path: Any) -> None:
     errors = [ranks[0]["error"] for ranks in full["powersgd"]]  # every rank's own error buffers
     assert len(errors) == 2 and errors[0] and not torch.equal(errors[0]["0"], errors[1]["0"])
     assert all(ranks[0]["iter"] == 46 for ranks in resumed["powersgd"])
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"compression": "powersgd", "amp": "fp16"}, "use --amp bf16"),
+        ({"compression": "powersgd", "zero": 1}, "not supported with --zero 1"),
+        ({"compression": "powersgd", "mode": "dp"}, "options of DDP's buckets"),
+        ({"compression": "fp16", "powersgd_start_iter": 5}, "configures --compression powersgd"),
+    ],
+)
+def test_train_refuses_powersgd_where_it_cannot_apply(options: dict[str, Any], words: str) -> None:
+    from ringtree.train.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig(**options)
+    assert words in refused.value.cli

@@ -359,6 +359,11 @@ def _check_powersgd(cfg: TrainConfig) -> None:
     for name in ("powersgd_rank", "powersgd_start_iter"):
         if getattr(cfg, name) is not None and cfg.compression != "powersgd":
             raise ValueError(f"{flag(name)} configures --compression powersgd; add it or drop {flag(name)}")
+    if cfg.compression == "powersgd" and cfg.amp == "fp16":
+        raise ValueError(
+            "--compression powersgd keeps each step's compression error for the next, which --amp "
+            "fp16's changing loss scale and skipped overflow steps would corrupt; use --amp bf16"
+        )
     if cfg.compression == "powersgd" and cfg.ep > 1:
         raise ValueError(
             f"--compression powersgd compresses DDP's buckets, and --ep {cfg.ep} reduces the experts "
