@@ -298,3 +298,30 @@ def test_train_refuses_powersgd_where_it_cannot_apply(options: dict[str, Any], w
     with pytest.raises(ConfigError) as refused:
         TrainConfig(**options)
     assert words in refused.value.cli
+
+
+def every_algorithm(rank: int) -> dict[str, list[torch.Tensor]]:
+    """Two steps (the second compressed) of small buckets, P and Q summed by each algorithm."""
+    from ringtree import comm
+
+    out = {}
+    for algorithm in comm.algorithms("all_reduce"):
+        model = net()
+        state = PowerSGD(rank=2, start_iter=1, error_feedback=False, warm_start=False)
+        ddp = DistributedDataParallel(model, algorithm=algorithm, compression=state, bucket_cap_mb=0.004)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(2):
+            x, y = torch.randn(16, 24, generator=g), torch.randint(0, 4, (16,), generator=g)
+            model.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+        ddp.close()
+        out[algorithm] = [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
+    return out
+
+
+def test_powersgd_sums_on_every_ringtree_algorithm() -> None:
+    """3 ranks (no power of two): every algorithm's P, Q and plain sums give native's gradients."""
+    runs = spawn(every_algorithm, 3, timeout_s=300)[0]
+    for algorithm, grads in runs.items():
+        for a, b in zip(grads, runs["native"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=algorithm)
