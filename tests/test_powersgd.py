@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 from typing import Any
 
 import pytest
@@ -266,6 +267,11 @@ def trainer_runs(rank: int, ck: str) -> dict[str, Any]:
     first = replace(cfg, epochs=1, checkpoint_dir=f"{ck}/part", checkpoint_every=7)
     Trainer.from_config(first).run()  # its last checkpoint: step 21 of 23
     out["resumed"] = Trainer.from_config(replace(cfg, checkpoint_dir=f"{ck}/part", resume=True)).run().summary
+    if rank == 0:  # other buckets (--bucket-mb): the model resumes, PowerSGD's memories start afresh
+        shutil.copytree(f"{ck}/full", f"{ck}/rebucketed")
+    dist.barrier()
+    other = replace(cfg, epochs=3, bucket_mb=0.01, checkpoint_dir=f"{ck}/rebucketed", resume=True)
+    out["rebucketed"] = Trainer.from_config(other).run().summary
     return out
 
 
@@ -274,13 +280,14 @@ def test_train_with_powersgd_resumes_bit_identical(tmp_path: Any) -> None:
     summary = results[0]["full"]
     assert summary["compression"] == "powersgd" and summary["powersgd_rank"] == 2
     assert results[0]["resumed"]["resumed_from_step"] == 21
+    assert results[0]["rebucketed"]["resumed_from_step"] == 46 and results[0]["rebucketed"]["steps"] == 69
     full, resumed = (torch.load(tmp_path / f"{run}/last.pt", weights_only=True) for run in ("full", "part"))
     assert full["step"] == resumed["step"] == 46
     for name, tensor in full["model"].items():
         assert torch.equal(tensor, resumed["model"][name]), f"{name} differs after resuming"
-    errors = [ranks[0]["error"] for ranks in full["powersgd"]]  # every rank's own error buffers
+    errors = [ranks[0]["state"]["error"] for ranks in full["powersgd"]]  # every rank's own
     assert len(errors) == 2 and errors[0] and not torch.equal(errors[0]["0"], errors[1]["0"])
-    assert all(ranks[0]["iter"] == 46 for ranks in resumed["powersgd"])
+    assert all(ranks[0]["state"]["iter"] == 46 for ranks in resumed["powersgd"])
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ringtree.parallel import Mesh
+from ringtree.parallel import DistributedDataParallel, Mesh
 from ringtree.parallel.mismatch import check_keys
 from ringtree.processes import restart_count
 from ringtree.train import checkpoint, expert_checkpoint, layout, sharded_checkpoint, tensor_parallel
@@ -122,20 +122,22 @@ class Checkpointer:
         return int(state["step"])
 
     def _load_powersgd(self, saved: list[list[dict[str, Any]]] | None) -> None:
-        """This rank's PowerSGD states (error buffers, Q memories, iteration) from a dense checkpoint
-        of the same world and layout; otherwise they start afresh (the model resumes all the same)."""
+        """This rank's PowerSGD states (error buffers, P and Q memories, iteration) from a dense
+        checkpoint whose ranks held the same buckets; otherwise they start afresh (the model
+        resumes all the same: only the compression's memory of past steps is lost)."""
         mine = self.parallel.powersgd
         if not mine:
             return
-        if saved is None or len(saved) != dist.get_world_size() or len(saved[self.rank]) != len(mine):
+        entries = None if saved is None or len(saved) != dist.get_world_size() else saved[self.rank]
+        buckets = [_bucket_sizes(d) for d in mine]
+        if entries is None or [e["buckets"] for e in entries] != buckets:
             if self.rank == 0:
-                print(
-                    "# the checkpoint holds no PowerSGD state for this layout: its error buffers start at 0"
-                )
+                print("# the checkpoint holds no PowerSGD state for these buckets: its memories start afresh")
             return
         device = next(self.net.parameters()).device
-        for state, entry in zip(mine, saved[self.rank], strict=True):
-            state.load_state_dict(entry, device)
+        for ddp, entry in zip(mine, entries, strict=True):
+            assert ddp.powersgd is not None
+            ddp.powersgd.load_state_dict(entry["state"], device)
 
     def _resume_sharded(self, path: Any, record: dict[str, Any]) -> int:
         """Continue from a torch.distributed.checkpoint folder (saved with --zero, at any DP size)."""
@@ -278,7 +280,7 @@ class Checkpointer:
         if self.cfg.compression != "powersgd":
             return None
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, [s.state_dict() for s in self.parallel.powersgd])
+        dist.all_gather_object(gathered, [_powersgd_entry(d) for d in self.parallel.powersgd])
         return gathered
 
     def _share(self) -> expert_checkpoint.Share | None:
@@ -309,6 +311,17 @@ class Checkpointer:
             return None
         mine = {id(p) for p in pipe.stages[self.mesh.pp_rank].parameters()}
         return {i for i, p in enumerate(self.net.parameters()) if id(p) in mine}
+
+
+def _powersgd_entry(ddp: DistributedDataParallel) -> dict[str, Any]:
+    """What a checkpoint keeps of one DDP's PowerSGD: its state, and the buckets it belongs to."""
+    assert ddp.powersgd is not None
+    return {"buckets": _bucket_sizes(ddp), "state": ddp.powersgd.state_dict()}
+
+
+def _bucket_sizes(ddp: DistributedDataParallel) -> list[int]:
+    """The elements of each of a DDP's buckets: what PowerSGD's per-bucket memories are keyed by."""
+    return [b.buffer.numel() for b in ddp.buckets]
 
 
 def check_resumable(cfg: TrainConfig, model: nn.Module) -> None:

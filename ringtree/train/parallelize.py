@@ -78,11 +78,11 @@ class Parallelized:
     experts: ExpertParallel | None = None  # models with MoE layers: reduces and balances the experts
 
     @property
-    def powersgd(self) -> list[PowerSGD]:
-        """The PowerSGD states of this rank's DDPs (a stage's, each chunk's), in order; [] without."""
+    def powersgd(self) -> list[DistributedDataParallel]:
+        """This rank's DDPs (a stage's, each chunk's) that compress with PowerSGD, in order."""
         model = self.model if self.pipe is None else self.pipe.ddp
         ddps = model.ddps if isinstance(model, ChunkDDPs) else [model]
-        return [d.powersgd for d in ddps if isinstance(d, DistributedDataParallel) and d.powersgd is not None]
+        return [d for d in ddps if isinstance(d, DistributedDataParallel) and d.powersgd is not None]
 
     @property
     def sharded(self) -> ShardedDataParallel | None:
