@@ -332,3 +332,38 @@ def test_powersgd_sums_on_every_ringtree_algorithm() -> None:
     for algorithm, grads in runs.items():
         for a, b in zip(grads, runs["native"], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=algorithm)
+
+
+def test_the_benchmark_counts_the_bytes_each_powersgd_sends(tmp_path: Any) -> None:
+    """benchmarks/powersgd.py: every PowerSGD variant hands the all-reduce the same P, Q and
+    biases: (1024+256)2 + 2(1024+1024)2 + (10+1024)2 + 3082 bias elements = 15,902 fp32 numbers."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks/powersgd.py"),
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--json",
+            "out.json",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = json.loads((tmp_path / "out.json").read_text())["variants"]
+    for name, v in variants.items():
+        want = 4 * 15_902 if "powersgd" in name else 4 * 2_372_618
+        assert v["allreduced_bytes_per_step"] == want, name
+        assert v["samples_per_s"] > 0
