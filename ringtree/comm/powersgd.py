@@ -110,25 +110,19 @@ class PowerSGD:
             return
         kept = self._feed_error(index, flat)
         compress, plain = self._split(grads)
-        uncompressed = torch.cat([t.view(-1) for t in plain]) if plain else flat.new_empty(0)
         matrices, ps, qs = self._low_rank(index, compress, flat)
         for m, q, p in zip(matrices, qs, ps, strict=True):
-            torch.bmm(m, q, out=p)
-        all_reduce(uncompressed)
-        uncompressed.div_(world_size)
-        offset = 0
-        for t in plain:
-            t.copy_(uncompressed[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
+            torch.bmm(m, q, out=p)  # P = M Q
+        _average_plain(plain, flat, world_size, all_reduce)
         all_reduce(self.p_memory[index])  # orthogonalised next: no need to divide
         for p in ps:
             orthogonalize(p, self.epsilon)
         for m, p, q in zip(matrices, ps, qs, strict=True):
-            torch.bmm(m.transpose(1, 2), p, out=q)
+            torch.bmm(m.transpose(1, 2), p, out=q)  # Q = M^T P
         all_reduce(self.q_memory[index])
         self.q_memory[index].div_(world_size)
         for p, q, m in zip(ps, qs, matrices, strict=True):
-            torch.bmm(p, q.transpose(1, 2), out=m)
+            torch.bmm(p, q.transpose(1, 2), out=m)  # M = P Q^T, into the bucket
         if kept is not None:
             self.error[index] = kept - flat
         if not self.warm_start:
@@ -234,6 +228,19 @@ class PowerSGD:
             "seed": self.seed,
             "epsilon": float(self.epsilon),
         }
+
+
+def _average_plain(
+    plain: list[torch.Tensor], flat: torch.Tensor, world_size: int, all_reduce: AllReduce
+) -> None:
+    """The uncompressed tensors summed in one flat copy, divided by the world size, put back."""
+    uncompressed = torch.cat([t.view(-1) for t in plain]) if plain else flat.new_empty(0)
+    all_reduce(uncompressed)
+    uncompressed.div_(world_size)
+    offset = 0
+    for t in plain:
+        t.copy_(uncompressed[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def orthogonalize(matrices: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
