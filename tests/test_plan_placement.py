@@ -1,0 +1,59 @@
+"""The planner prices every group on the links its ranks really span (ringtree.ranks' placement)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ringtree.sim.network.clusters import get, preset_cluster
+from ringtree.sim.network.hardware import Cluster, Link
+from ringtree.sim.training.layout import Training
+from ringtree.sim.training.plan import Layout as PlanLayout
+from ringtree.sim.training.plan import StepPrediction, placed_stage_link, placement
+from ringtree.sim.training.predictor import plan
+from ringtree.sim.training.transformer import MODELS
+
+COMM = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "exposed_dp_s", "exposed_zero_gather_s")
+LAYOUTS = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 3, 4, 6, 8) if 24 % (tp * pp) == 0]
+
+
+def _seeds_cluster(slowdown: float = 1.0) -> Cluster:
+    """3 DGX A100 nodes with one 10 GbE port each (the seeds' question), the port `slowdown` x slower."""
+    c = dataclasses.replace(preset_cluster("dgx-a100", 3, inter="eth-10g"), nics_per_node=1)
+    inter = c.inter
+    return dataclasses.replace(c, inter=Link(inter.name, inter.alpha_s, inter.bandwidth_Bps / slowdown))
+
+
+def _step(tp: int, pp: int, cluster: Cluster) -> StepPrediction:
+    run = Training(global_batch=240, tp=tp, pp=pp, zero=1, sequence_parallel=tp > 1)
+    return plan(MODELS["llama3-8b"], run, cluster, get("dgx-a100").gpu, fast=True)
+
+
+@pytest.mark.parametrize(("tp", "pp"), LAYOUTS)
+def test_a_1000x_slower_network_slows_every_3_node_layout(tp: int, pp: int) -> None:
+    """24 GPUs on 3 nodes cross the network somewhere, whatever the layout: pp 4 / dp 6 puts stage 1
+    on ranks 6-11, over nodes 0 and 1, so its DP all-reduce and its stage boundaries pay the port."""
+    fast, slow = _step(tp, pp, _seeds_cluster()), _step(tp, pp, _seeds_cluster(1000.0))
+    assert slow.step_s >= 1.5 * fast.step_s, (tp, pp, fast.breakdown, slow.breakdown)
+    grown = {k: slow.breakdown[k] - fast.breakdown[k] for k in fast.breakdown}
+    part = max(grown, key=lambda k: grown[k])
+    assert part in COMM, (tp, pp, grown)  # the breakdown names the communication that grew
+    assert sum(grown[k] for k in COMM) == pytest.approx(slow.step_s - fast.step_s), (tp, pp, grown)
+
+
+def test_the_pipeline_boundary_that_crosses_nodes_pays_the_shared_port() -> None:
+    c = _seeds_cluster()
+    where = placement(c, PlanLayout(pp=4), 6)  # stage 0 -> 1: ranks 2-5 on node 0 send to node 1
+    assert placed_stage_link(c, where).bandwidth_Bps == pytest.approx(c.inter.bandwidth_Bps / 4)
+    inside = placement(c, PlanLayout(tp=8, pp=1), 3)
+    assert placed_stage_link(c, inside) == c.intra
+    whole_nodes = placement(dataclasses.replace(c, nics_per_node=8), PlanLayout(tp=8, pp=3), 1)
+    assert placed_stage_link(dataclasses.replace(c, nics_per_node=8), whole_nodes) == c.inter
+
+
+def test_the_search_ranks_layouts_by_what_they_pay() -> None:
+    """On the seeds' cluster the slower port reorders nothing it should not: every layout the search
+    returns is priced with its network share, so the best one's step grows with the port's slowness."""
+    fast, slow = _step(1, 4, _seeds_cluster()), _step(1, 4, _seeds_cluster(10.0))
+    assert slow.exposed_dp_s > 5 * fast.exposed_dp_s > 0
