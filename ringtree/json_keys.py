@@ -153,6 +153,8 @@ OUTPUTS: dict[str, Output] = {
             "ranks": "GPUs in the collective",
             "nodes": "nodes",
             "gpus_per_node": "GPUs per node",
+            "nics_per_node": "NICs per node the inter-node traffic shares (`--nics-per-node`)",
+            "nic_GBps": "each NIC's bandwidth (the `--inter` link), GB/s",
             "bytes": "the all-reduced buffer; of an all-to-all, the per-rank buffer (nccl-tests' size)",
             "time_s": "the predicted time",
             "method": "how: `replay`, `closed-form`, `nccl-model` or `measured` (a calibration's rows)",
@@ -221,6 +223,12 @@ OUTPUTS: dict[str, Output] = {
             "details": (
                 "the model spec, the layout (`training`), the GPU, parameters and model FLOPs per step"
             ),
+            "network": "what the plan assumed each node has",
+            "network.gpus_per_node": "GPUs per node",
+            "network.intra": "the link between a node's GPUs",
+            "network.nics_per_node": "NICs per node, shared by the groups crossing nodes (`--nics-per-node`)",
+            "network.nic": "each NIC's link (`--inter`)",
+            "network.nic_GBps": "each NIC's bandwidth, GB/s",
         },
     ),
     "plan-dp": Output(

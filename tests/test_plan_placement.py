@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from ringtree.cli.app import app
 from ringtree.sim.network.clusters import get, preset_cluster
 from ringtree.sim.network.hardware import Cluster, Link
 from ringtree.sim.training.layout import Training
@@ -15,6 +19,7 @@ from ringtree.sim.training.predictor import plan
 from ringtree.sim.training.transformer import MODELS
 
 COMM = ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "exposed_dp_s", "exposed_zero_gather_s")
+runner = CliRunner()
 LAYOUTS = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 3, 4, 6, 8) if 24 % (tp * pp) == 0]
 
 
@@ -57,3 +62,33 @@ def test_the_search_ranks_layouts_by_what_they_pay() -> None:
     returns is priced with its network share, so the best one's step grows with the port's slowness."""
     fast, slow = _step(1, 4, _seeds_cluster()), _step(1, 4, _seeds_cluster(10.0))
     assert slow.exposed_dp_s > 5 * fast.exposed_dp_s > 0
+
+
+SEEDS = ["--model", "llama3-8b", "--global-batch", "240", "--nodes", "3", "--cluster", "dgx-a100",
+         "--inter", "eth-10g", "--seq", "4096", "--zero", "1", "--pp", "4"]  # fmt: skip
+
+
+def test_plan_and_sim_say_what_each_node_has(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", *SEEDS, "--nics-per-node", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 x eth-10g (1.25 GB/s each) per node" in " ".join(result.output.split())
+    assert "note:" not in result.output  # the count was given
+    network = json.loads(out.read_text())["network"]
+    assert network == {"gpus_per_node": 8, "intra": "nvlink-a100", "nics_per_node": 1, "nic": "eth-10g",
+                       "nic_GBps": pytest.approx(1.25)}  # fmt: skip
+    sim = tmp_path / "sim.json"
+    result = runner.invoke(app, ["sim", "--nodes", "3", "--cluster", "dgx-a100", "--json", str(sim)])
+    assert result.exit_code == 0, result.output
+    assert "8 x ib-hdr" in " ".join(result.output.split())
+    assert json.loads(sim.read_text())[0]["nics_per_node"] == 8
+
+
+def test_inter_over_a_preset_says_once_which_nic_count_it_kept() -> None:
+    result = runner.invoke(app, ["plan", *SEEDS])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("note:") == 1
+    assert "kept --cluster dgx-a100's 8 NICs per node; pass --nics-per-node" in " ".join(
+        result.output.split()
+    )
+    assert "8 x eth-10g" in " ".join(result.output.split())

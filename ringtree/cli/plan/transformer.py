@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from ringtree.cli.output import console, print_table, write_json
-from ringtree.cli.plan.cluster import ClusterOptions, refuse
+from ringtree.cli.plan.cluster import ClusterOptions, cluster_title, refuse
 from ringtree.cli.plan.moe import MoeOptions
 
 MODEL, LAYOUT = "Model", "Layout"
@@ -288,8 +288,7 @@ def print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, searc
         f"ringtree plan: transformer {shape.params / 1e9:.2f}B params (l={shape.layers}, h={shape.hidden}, "
         f"a={shape.heads}, kv={shape.kv_heads}, F={shape.ffn_hidden} {shape.mlp}, s={shape.seq}, "
         f"V={shape.vocab}) "
-        f"on {cluster.nodes} x {cluster.gpus_per_node}, {cluster.intra.name} / {cluster.inter.name}, "
-        f"{gpu.name}"
+        f"on {cluster_title(cluster)}, {gpu.name}"
     )
     print_table(
         title,

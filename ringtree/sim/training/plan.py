@@ -285,6 +285,7 @@ class StepPrediction:
     ep: int = 1
     etp: int = 1
     tokens_per_s_per_gpu: float | None = None
+    network: dict[str, Any] = field(default_factory=dict)  # what each node has (`Cluster.network`)
 
     @property
     def breakdown(self) -> dict[str, float]:
@@ -604,6 +605,7 @@ def predict(
         ep_comm_s=m * (ep_forward + ep_backward),
         ep=work.ep,
         etp=work.etp,
+        network=cluster.network(),
     )
 
 
