@@ -223,6 +223,10 @@ OUTPUTS: dict[str, Output] = {
             "details": (
                 "the model spec, the layout (`training`), the GPU, parameters and model FLOPs per step"
             ),
+            "planner": (
+                "which model ran: `transformer` (compute from the model's FLOPs, the layout, ZeRO, the "
+                "pipeline) or `data-parallel` (the typed compute time, the whole model on every GPU)"
+            ),
             "network": "what the plan assumed each node has",
             "network.gpus_per_node": "GPUs per node",
             "network.intra": "the link between a node's GPUs",

@@ -92,3 +92,50 @@ def test_inter_over_a_preset_says_once_which_nic_count_it_kept() -> None:
         result.output.split()
     )
     assert "8 x eth-10g" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "native", "hierarchical", "double_tree"])
+@pytest.mark.parametrize(
+    ("name", "nodes", "model"), [("dgx-a100", 3, "llama3-8b"), ("dgx-h100", 4, "gpt-1.3b")]
+)
+def test_both_planners_price_the_same_gradient_all_reduce(
+    algorithm: str, name: str, nodes: int, model: str
+) -> None:
+    """Same bytes, algorithm, group and links: one function (`collective_s` over the placed DP group)."""
+    from ringtree.sim.training.plan import StepConfig, predict_step
+
+    cluster = dataclasses.replace(preset_cluster(name, nodes, inter="eth-10g"), nics_per_node=1)
+    shape = MODELS[model]
+    run = Training(global_batch=240 if nodes == 3 else 256, grad_dtype="fp32")
+    transformer = plan(shape, run, cluster, get(name).gpu, algorithm, fast=True).dp_allreduce_s
+    data_parallel = predict_step(StepConfig(int(shape.params), 1.0), cluster, algorithm).dp_allreduce_s
+    assert data_parallel == pytest.approx(transformer, rel=0.01)
+
+
+def test_the_cli_planners_agree_and_say_which_model_ran(tmp_path: Path) -> None:
+    cluster = ["--nodes", "3", "--cluster", "dgx-a100", "--inter", "eth-10g", "--nics-per-node", "1"]
+    dp_json, tf_json = tmp_path / "dp.json", tmp_path / "tf.json"
+    dp = runner.invoke(app, ["plan", "--model", "Llama3-8B", "--compute-time", "1", "--algorithm", "ring",
+                             *cluster, "--json", str(dp_json)])  # fmt: skip
+    tf = runner.invoke(app, ["plan", "--model", "llama3-8b", "--global-batch", "240", "--grad-dtype", "fp32",
+                             "--algorithm", "ring", *cluster, "--json", str(tf_json)])  # fmt: skip
+    assert dp.exit_code == 0 and tf.exit_code == 0, dp.output + tf.output
+    a, b = json.loads(dp_json.read_text()), json.loads(tf_json.read_text())
+    assert (a["planner"], b["planner"]) == ("data-parallel", "transformer")
+    assert a["dp_allreduce_s"] == pytest.approx(b["dp_allreduce_s"], rel=0.01)
+    assert "planner: data-parallel (the whole model on every GPU" in " ".join(dp.output.split())
+    assert "planner: transformer (compute from the model's FLOPs" in " ".join(tf.output.split())
+
+
+def test_model_names_are_one_case_insensitive_list_with_a_did_you_mean() -> None:
+    result = runner.invoke(
+        app, ["plan", "--model", "lama3-8b", "--global-batch", "8", "--cluster", "dgx-a100"]
+    )
+    words = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "did you mean llama3-8b" in words and "vit-base" in words
+    assert "Traceback" not in result.output
+    for spelling in ("VIT-BASE", "vit-base"):
+        ok = runner.invoke(
+            app, ["plan", "--model", spelling, "--compute-time", "0.4", "--cluster", "eth-10g"]
+        )
+        assert ok.exit_code == 0 and "86.0M params" in ok.output, ok.output

@@ -251,13 +251,24 @@ def run(
             "configurations": [r.as_dict() for r in rows[:10]],
         }
         console.print(f"why: {searched['why']}", highlight=False)
+    console.print(f"planner: transformer ({transformer_model(rows[0])})", highlight=False)
     if json_path is not None:
-        write_json(json_path, {**rows[0].as_dict(), **searched})
+        write_json(json_path, {**rows[0].as_dict(), "planner": "transformer", **searched})
     if plot is not None:
         from ringtree.plan_plot import draw
 
         draw(rows, shape, gpu, plot, search)
         console.print(f"wrote {plot}", highlight=False)
+
+
+def transformer_model(row: Any) -> str:
+    """What the transformer planner models, in words (where it differs from the data-parallel one)."""
+    t = row.details["training"]
+    when = "overlapped with the last backward" if t["overlap"] else "after the backward"
+    return (
+        f"compute from the model's FLOPs on the GPU, tp {row.tp} x cp {row.cp} x pp {row.pp} x dp "
+        f"{row.dp}, the {t['grad_dtype']} gradients reduced {when}, ZeRO {row.zero}"
+    )
 
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:
