@@ -181,7 +181,7 @@ class Placement:
         """The pipeline boundaries' pairs of neighbours on two nodes: size 2, nodes 2 when any pair
         crosses, `sharing` the most crossing pairs one node sends or receives at one boundary."""
         g, size = self.gpus_per_node or self.world_size, self.stage_size
-        boundaries = len(self.stage_boundaries())
+        boundaries = self.pp if self.virtual_stages > 1 and self.pp > 1 else self.pp - 1
         window = min(boundaries, 2 * (g // math.gcd(g, size)) + 2)
         worst = 0
         for j in range(window):  # stage j to j + 1 (the last to the first, wrapped)
