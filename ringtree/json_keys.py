@@ -456,7 +456,10 @@ OUTPUTS: dict[str, Output] = {
         {
             "layouts_fit": "how many layouts fit the GPUs' memory (of those searched)",
             "why": "why the first layout wins, in one line",
-            "configurations": "the top ten layouts, each with the keys of `plan`",
+            "configurations": (
+                "the top ten layouts, each with the keys of `plan`; layouts of the same step and memory are "
+                "folded into the first, listed in its `details.alike`"
+            ),
         },
     ),
     "trace": Output(

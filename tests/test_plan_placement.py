@@ -153,3 +153,17 @@ def test_model_names_are_one_case_insensitive_list_with_a_did_you_mean() -> None
             app, ["plan", "--model", spelling, "--compute-time", "0.4", "--cluster", "eth-10g"]
         )
         assert ok.exit_code == 0 and "86.0M params" in ok.output, ok.output
+
+
+def test_the_search_folds_rows_that_differ_in_nothing_it_prices() -> None:
+    """CP 2 with half the DP and twice the micro-batch costs what CP 1 does here: one row, not three;
+    the why line's runner-up is the first row that costs something else."""
+    from ringtree.sim.training.search import alike_words, search, why
+
+    found = search(MODELS["llama3-8b"], 240, _seeds_cluster(), get("dgx-a100").gpu)
+    rows = found.rows
+    for a, b in itertools.pairwise(rows):
+        assert (a.step_s, a.memory["total_GiB"]) != pytest.approx((b.step_s, b.memory["total_GiB"]))
+    folded = next(r for r in rows if r.details.get("alike"))
+    assert all(a["cp"] != folded.cp for a in folded.details["alike"]) and "CP " in alike_words(folded)
+    assert f"{rows[1].step_s / rows[0].step_s - 1:.1%} slower" in why(found)

@@ -190,8 +190,8 @@ def run(
     """The transformer model: one layout, or --search over all that fit."""
     from ringtree.sim.training.layout import CP_COMMS, Training
     from ringtree.sim.training.predictor import default_algorithm, plan
+    from ringtree.sim.training.search import alike_words, why
     from ringtree.sim.training.search import search as search_layouts
-    from ringtree.sim.training.search import why
     from ringtree.sim.training.transformer import RECOMPUTE, SEARCHED
 
     try:
@@ -250,6 +250,11 @@ def run(
             "why": why(found),
             "configurations": [r.as_dict() for r in rows[:10]],
         }
+        for i, row in enumerate(rows[:10], 1):
+            if row.details.get("alike"):
+                console.print(
+                    f"row {i} also stands for: {alike_words(row)} (same step and memory)", highlight=False
+                )
         console.print(f"why: {searched['why']}", highlight=False)
     console.print(f"planner: transformer ({transformer_model(rows[0])})", highlight=False)
     if json_path is not None:

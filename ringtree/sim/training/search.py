@@ -165,7 +165,7 @@ def search(
         for run in _to_replay(rough)
         for each in _recipes(run, extra or {}, gpu)
     ]
-    return Found(sorted(exact, key=lambda row: row.step_s), len(rough))
+    return Found(fold(sorted(exact, key=lambda row: row.step_s)), len(rough))
 
 
 def _floor(w: StepWork, cluster: Cluster, run: Training, dp: int, step: float) -> float:
@@ -209,6 +209,35 @@ def _layout(row: StepPrediction) -> dict[str, object]:
             "zero": row.zero, "sequence_parallel": row.sequence_parallel, "micro_batch": t["micro_batch"],
             "recompute": t["recompute"], "ep": row.ep, "etp": row.etp,
             "fp8_recipe": t["fp8_recipe"] if t["dtype"] == "fp8" else None}  # fmt: skip
+
+
+def fold(rows: list[StepPrediction]) -> list[StepPrediction]:
+    """Rows with the step time and memory of an earlier row fold into it (they differ only in a
+    dimension that changes nothing the plan prices): its details' `alike` lists their layouts."""
+    kept: list[StepPrediction] = []
+    for row in rows:
+        i = next((i for i, k in enumerate(kept) if _same(k, row)), None)
+        if i is None:
+            kept.append(row)
+        else:
+            twin = kept[i]
+            alike = [*twin.details.get("alike", []), _layout(row)]
+            kept[i] = dataclasses.replace(twin, details={**twin.details, "alike": alike})
+    return kept
+
+
+def _same(a: StepPrediction, b: StepPrediction) -> bool:
+    mem_a, mem_b = (a.memory or {}).get("total_GiB", 0.0), (b.memory or {}).get("total_GiB", 0.0)
+    return abs(a.step_s - b.step_s) <= 1e-9 * max(a.step_s, b.step_s) and abs(mem_a - mem_b) < 0.01
+
+
+def alike_words(row: StepPrediction) -> str:
+    """The layouts folded into a row, each by what differs from it ('CP 2, DP 6, micro-batch 4')."""
+    mine = _layout(row)
+    return "; ".join(
+        ", ".join(f"{_WORDS[k]} {other[k]}" for k in mine if other[k] != mine[k])
+        for other in row.details.get("alike", [])
+    )
 
 
 def why(found: Found) -> str:
