@@ -167,3 +167,35 @@ def test_the_search_folds_rows_that_differ_in_nothing_it_prices() -> None:
     folded = next(r for r in rows if r.details.get("alike"))
     assert all(a["cp"] != folded.cp for a in folded.details["alike"]) and "CP " in alike_words(folded)
     assert f"{rows[1].step_s / rows[0].step_s - 1:.1%} slower" in why(found)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--model", "llama3-8b", "--global-batch", "240", "--cluster", "dgx-a100", "--pp", "24"],
+         "--pp 24 cannot split the 32 layers: 2 on each of the 22 middle stages is 44; choose --pp among"),
+        (["--model", "llama3-8b", "--global-batch", "0", "--cluster", "dgx-a100"],
+         "--global-batch must be at least 1, got 0"),
+        (["--model", "vit-base", "--compute-time", "-1", "--cluster", "eth-10g"],
+         "--compute-time must not be negative, got -1.0"),
+    ],
+)  # fmt: skip
+def test_plan_mistakes_name_the_flag_in_one_sentence(args: list[str], said: str, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["plan", *args, "--json", str(out)], env={"COLUMNS": "250"})
+    words = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and said in words, result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_memory_warning_says_an_a100() -> None:
+    args = ["plan", "--model", "llama3-70b", "--global-batch", "8", "--cluster", "dgx-a100"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0 and "GiB of an A100-SXM4-80GB;" in " ".join(result.output.split())
+
+
+def test_bench_sizes_name_the_flags() -> None:
+    result = runner.invoke(app, ["bench", "--min-bytes", "100", "--max-bytes", "10"], env={"COLUMNS": "250"})
+    words = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "--min-bytes 100 and --max-bytes 10" in words
+    assert "min_bytes" not in words

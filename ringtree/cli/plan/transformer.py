@@ -276,6 +276,11 @@ def transformer_model(row: Any) -> str:
     )
 
 
+def with_article(name: str) -> str:
+    """'an A100-SXM4-80GB', 'a B200': the article as the name's first letter is spoken."""
+    return f"{'an' if name[:1].lower() in 'aefhilmnorsx' else 'a'} {name}"
+
+
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:
     """A preset's shape with any of the named dimensions replacing its part."""
     from ringtree.sim.training.transformer import MODELS, Transformer, with_dims
@@ -341,8 +346,8 @@ def print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, searc
     if not mem["fits"]:
         console.print(
             f"warning: does not fit: pipeline stage {mem['fullest_stage']} needs {mem['total_GiB']:.1f} "
-            f"GiB per GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of a "
-            f"{gpu.name}; "
+            f"GiB per GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of "
+            f"{with_article(gpu.name.upper())}; "
             "raise --tp, --pp or --cp, add --zero or --sequence-parallel, use --recompute full, or lower "
             "--micro-batch",
             highlight=False,

@@ -68,11 +68,10 @@ class StepConfig:
     zero: int = 0
 
     def __post_init__(self) -> None:
-        if self.params < 0 or self.compute_time_s < 0 or self.sync_wait_s < 0:
-            raise ValueError(
-                f"need params >= 0, compute time >= 0 and wait >= 0, got {self.params}, "
-                f"{self.compute_time_s}, {self.sync_wait_s}"
-            )
+        for what, value in (("the parameter count", self.params), ("--compute-time", self.compute_time_s),
+                            ("the run's wait", self.sync_wait_s)):  # fmt: skip
+            if value < 0:
+                raise ValueError(f"{what} must not be negative, got {value}")
         for name in (self.grad_dtype, self.compression):
             if name is not None and name not in DTYPE_BYTES:
                 raise ValueError(f"unknown gradient dtype {name!r}; choose one of {', '.join(DTYPE_BYTES)}")
