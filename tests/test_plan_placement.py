@@ -199,3 +199,12 @@ def test_bench_sizes_name_the_flags() -> None:
     words = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and "--min-bytes 100 and --max-bytes 10" in words
     assert "min_bytes" not in words
+
+
+def test_tp_across_nodes_is_priced_and_said_to_be_a_bad_idea() -> None:
+    base = ["plan", "--model", "llama3-70b", "--global-batch", "64", "--cluster", "dgx-a100", "--nodes", "4",
+            "--pp", "2", "--zero", "1", "--sequence-parallel"]  # fmt: skip
+    across, inside = (runner.invoke(app, [*base, "--tp", tp]) for tp in ("16", "8"))
+    assert across.exit_code == 0 and inside.exit_code == 0, across.output
+    assert "the TP group of 16 spans nodes of 8 GPUs" in " ".join(across.output.split())
+    assert "spans nodes" not in inside.output

@@ -343,6 +343,13 @@ def print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, searc
         f"{mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
         highlight=False,
     )
+    if best.tp_link == "inter":
+        console.print(
+            f"warning: the TP group of {best.tp} spans nodes of {cluster.gpus_per_node} GPUs: its "
+            f"collectives on every layer pay the network ({best.tp_comm_s:.3f} s a step); keep --tp "
+            "within a node",
+            highlight=False,
+        )
     if not mem["fits"]:
         console.print(
             f"warning: does not fit: pipeline stage {mem['fullest_stage']} needs {mem['total_GiB']:.1f} "
