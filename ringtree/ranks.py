@@ -10,7 +10,9 @@ outermost: stage j holds the tp x cp x dp ranks [j * tp*cp*dp, (j + 1) * tp*cp*d
 over the tp x cp x dp ranks of a stage as Megatron-Core's expert mesh does, innermost first
 etp, ep, expert-dp: expert rank i (a rank's index inside its stage) has etp coordinate i % etp, ep
 coordinate (i // etp) % ep, and the rest is its expert-DP coordinate. The trainer folds EP inside
-each DP x CP group (`dp_cp_groups`), which is this mesh with etp = tp.
+each DP x CP group (`dp_cp_groups`), which is this mesh with etp = tp. With `replicas` R (DiLoCo's
+replica groups) the dp dimension splits in R, outermost: replica k holds the contiguous ranks
+[k * world / R, (k + 1) * world / R), whole pipelines laid out as above with dp / R.
 
 Every group comes as its members in ascending rank order (their coordinate's order), the groups in
 the order of their first member; `node_of` puts rank r on node r // gpus_per_node. Pure Python.
@@ -48,43 +50,81 @@ class Placement:
     etp: int = 1
     virtual_stages: int = 1
     gpus_per_node: int = 0
+    replicas: int = 1  # DiLoCo's replica groups: contiguous blocks of whole pipelines, splitting dp
 
     def __post_init__(self) -> None:
-        degrees = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp, "ep": self.ep,
-                   "etp": self.etp, "virtual_stages": self.virtual_stages}  # fmt: skip
+        degrees = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp, "ep": self.ep, "etp": self.etp,
+                   "virtual_stages": self.virtual_stages, "replicas": self.replicas}  # fmt: skip
         for name, degree in degrees.items():
             if degree < 1:
                 raise ValueError(f"{name} must be at least 1, got {name}={degree}")
         if self.gpus_per_node < 0:
             raise ValueError(f"gpus_per_node must be at least 0, got {self.gpus_per_node}")
+        if self.dp % self.replicas:
+            raise ValueError(
+                f"replicas={self.replicas} must divide dp={self.dp} (each replica holds dp / replicas "
+                "whole pipelines); change the replicas or the degrees"
+            )
         if self.stage_size % (self.ep * self.etp):
             raise ValueError(
                 f"ep={self.ep} x etp={self.etp} must divide the {self.stage_size} ranks of a pipeline "
-                f"stage (tp {self.tp} x cp {self.cp} x dp {self.dp}); change ep, etp or the degrees"
+                f"stage (tp {self.tp} x cp {self.cp} x dp {self.dp // self.replicas}); change ep, etp or "
+                "the degrees"
             )
 
     @property
     def stage_size(self) -> int:
-        """The ranks of one pipeline stage: tp x cp x dp."""
-        return self.tp * self.cp * self.dp
+        """The ranks of one pipeline stage (of one replica): tp x cp x dp / replicas."""
+        return self.tp * self.cp * self.dp // self.replicas
 
     @property
     def world_size(self) -> int:
+        return self.stage_size * self.pp * self.replicas
+
+    @property
+    def replica_size(self) -> int:
+        """The ranks of one replica: its pipelines' stages, consecutive."""
         return self.stage_size * self.pp
 
     def rank(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
-        """The global rank at these coordinates."""
-        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+        """The global rank at these coordinates (dp counts over every replica: replica dp // (dp / R))."""
+        inner = self.dp // self.replicas
+        replica, dp_in = divmod(dp, inner)
+        return replica * self.replica_size + ((pp * inner + dp_in) * self.cp + cp) * self.tp + tp
 
     def coordinates(self, rank: int) -> Coordinates:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside the {self.world_size} ranks of the layout")
+        replica, r = divmod(rank, self.replica_size)
+        inner = self.dp // self.replicas
         return Coordinates(
-            rank % self.tp,
-            rank // self.tp % self.cp,
-            rank // (self.tp * self.cp) % self.dp,
-            rank // self.stage_size,
+            r % self.tp,
+            r // self.tp % self.cp,
+            replica * inner + r // (self.tp * self.cp) % inner,
+            r // self.stage_size,
         )
+
+    def replica_of(self, rank: int) -> int:
+        return rank // self.replica_size
+
+    def replica_groups(self) -> list[list[int]]:
+        """Each replica's ranks: a contiguous block of whole pipelines."""
+        return _collect(range(self.world_size), self.replica_of)
+
+    def replica_dp_groups(self) -> list[list[int]]:
+        """The data-parallel ranks inside one replica (its DDP or ZeRO group)."""
+        return _collect(range(self.world_size), lambda r: (*self._without_dp(r), self.replica_of(r)))
+
+    def across_replicas_groups(self) -> list[list[int]]:
+        """The ranks at one place of every replica (the outer, cross-replica all-reduce's group)."""
+        inner = self.dp // self.replicas
+        return _collect(
+            range(self.world_size), lambda r: (*self._without_dp(r), self.coordinates(r).dp % inner)
+        )
+
+    def _without_dp(self, rank: int) -> tuple[int, int, int]:
+        c = self.coordinates(rank)
+        return c.tp, c.cp, c.pp
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node if self.gpus_per_node else 0
@@ -116,7 +156,8 @@ class Placement:
     def expert_coordinates(self, rank: int) -> tuple[int, int, int, int]:
         """(etp, ep, expert-dp, pp) coordinates of a rank in the expert mesh."""
         i = rank % self.stage_size
-        return i % self.etp, i // self.etp % self.ep, i // (self.etp * self.ep), rank // self.stage_size
+        pp = rank // self.stage_size % self.pp
+        return i % self.etp, i // self.etp % self.ep, i // (self.etp * self.ep), pp
 
     def ep_groups(self) -> list[list[int]]:
         """The ranks that share an MoE layer's experts, etp apart."""
@@ -133,7 +174,7 @@ class Placement:
     def _expert_groups(self, varying: int) -> list[list[int]]:
         def key(rank: int) -> tuple[int, ...]:
             c = self.expert_coordinates(rank)
-            return tuple(x for i, x in enumerate(c) if i != varying)
+            return (*(x for i, x in enumerate(c) if i != varying), self.replica_of(rank))
 
         return _collect(range(self.world_size), key)
 
@@ -141,8 +182,12 @@ class Placement:
         """Each pipeline boundary's (sender, receiver) pairs in the forward: stage j to j + 1, and with
         virtual stages the last stage back to the first (chunk c to c + 1); none when pp = 1."""
         last = self.pp if self.virtual_stages > 1 and self.pp > 1 else self.pp - 1
-        size = self.stage_size
-        return [[(j * size + i, (j + 1) % self.pp * size + i) for i in range(size)] for j in range(last)]
+        size, block = self.stage_size, self.replica_size
+        return [
+            [(b + j * size + i, b + (j + 1) % self.pp * size + i) for b in range(0, self.world_size, block)
+             for i in range(size)]
+            for j in range(last)
+        ]  # fmt: skip
 
     def nodes_of(self, ranks: list[int]) -> Counter[int]:
         """How many of `ranks` sit on each node."""
@@ -158,6 +203,8 @@ class Placement:
                 "etp": self.etp, "ep": self.ep, "edp": self.stage_size // (self.etp * self.ep)}  # fmt: skip
         if kind not in inner:
             raise ValueError(f"unknown kind of group {kind!r}; choose among {', '.join(inner)}")
+        if self.replicas > 1:
+            raise ValueError("progression and span describe one replica: use replicas=1")
         return inner[kind], size[kind]
 
     def span(self, stride: int, size: int) -> Span:

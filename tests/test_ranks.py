@@ -94,3 +94,16 @@ def test_span_agrees_with_the_groups_themselves(tp: int, cp: int, dp: int, pp: i
         crossing = [n for g, s in zip(groups, spans, strict=True) if s > 1 for n in p.nodes_of(g)]
         sharing = max((crossing.count(n) for n in set(crossing)), default=0)
         assert p.span(*p.progression(kind)) == Span(len(groups[0]), max(spans), sharing), kind
+
+
+def test_replicas_are_contiguous_blocks_of_whole_pipelines() -> None:
+    p = Placement(tp=2, dp=4, pp=2, replicas=2, gpus_per_node=8)  # 16 ranks, a replica per node
+    assert p.replica_groups() == [list(range(8)), list(range(8, 16))]
+    assert p.replica_dp_groups()[:2] == [[0, 2], [1, 3]]  # DDP inside replica 0, stage 0
+    assert p.across_replicas_groups()[0] == [0, 8]  # the outer all-reduce: one rank per replica
+    assert all(len({p.replica_of(r) for r in g}) == 1 for g in p.pp_groups())  # a pipeline in one replica
+    assert all(p.nodes_of(g) == {p.node_of(g[0]): len(g)} for g in p.replica_groups())
+    for rank in range(16):
+        assert p.rank(*p.coordinates(rank)) == rank
+    with pytest.raises(ValueError, match="replicas=3 must divide dp=4"):
+        Placement(dp=4, replicas=3)
