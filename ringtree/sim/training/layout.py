@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringtree.schedules.pipeline import MIN_MICRO_BATCHES_PER_STAGE, SCHEDULES, ZERO_BUBBLE, check_layers
 from ringtree.sim.training.eager import ELEMENTWISE
 from ringtree.sim.training.fp8 import RECIPES
 from ringtree.sim.training.plan import Layout
@@ -100,6 +101,8 @@ class Training:
         for flag, value in counts.items():
             if value < 1:
                 raise ValueError(f"{flag} must be at least 1, got {value}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown --schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(
                 f"unknown --attention-kernel {self.attention_kernel!r}; choose "
@@ -278,6 +281,8 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
             f"--pp {p} cannot split the {model.layers} layers: {middle} on each of the {p - 2} middle "
             f"stages is {middle * (p - 2)}; choose --pp among {fitting}, or place the layers with --pp-layout"
         )
+    if run.schedule in ZERO_BUBBLE and p > 1:
+        check_layers(run.schedule, p, model.layers, "--layers")
     dp = run.layout.dp(ranks)
     if run.shard_group and dp % run.shard_group:
         raise ValueError(
@@ -286,6 +291,13 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
         )
     _check_experts(model, run, dp)
     m = run.micro_batches(dp)
+    least = MIN_MICRO_BATCHES_PER_STAGE.get(run.schedule, 0) * p
+    if p > 1 and m < least:
+        raise ValueError(
+            f"--schedule {run.schedule} on --pp {p} needs at least {least} micro-batches per pipeline, got "
+            f"{m} (--global-batch {run.global_batch} / (dp {dp} x --micro-batch {run.micro_batch})); use "
+            f"--global-batch {least * dp * run.micro_batch}"
+        )
     if v > 1 and m % p:
         raise ValueError(
             f"--virtual-stages needs the {m} micro-batches per pipeline to be a multiple of --pp {p}; "
