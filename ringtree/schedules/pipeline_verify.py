@@ -15,19 +15,32 @@ class DeadlockError(RuntimeError):
 
 
 def check_actions(s: PipelineSchedule) -> None:
-    """Every stage runs the forward and the backward of every micro-batch once per chunk, forward first."""
+    """Every stage runs the forward and the backward of every micro-batch once per chunk, forward
+    first; a schedule that splits the backward also runs every W once, after its B."""
     every = [(c, i) for c in range(s.virtual_stages) for i in range(s.micro_batches)]
+    split = s.splits_backward
     for j, actions in enumerate(s.actions):
-        forwards = [(a.chunk, a.micro_batch) for a in actions if a.kind is Kind.FORWARD]
-        backwards = [(a.chunk, a.micro_batch) for a in actions if a.kind is Kind.BACKWARD]
+        forwards = _units(actions, Kind.FORWARD)
+        backwards = _units(actions, Kind.BACKWARD)
         if sorted(forwards) != every or sorted(backwards) != every:
             raise ValueError(
                 f"stage {j}: forwards {forwards} and backwards {backwards} must each be 0..m-1 once "
                 f"for each of the {s.virtual_stages} chunk(s)"
             )
+        if split and sorted(_units(actions, Kind.WEIGHT)) != every:
+            raise ValueError(
+                f"stage {j}: weight gradients {_units(actions, Kind.WEIGHT)} must be 0..m-1 once for "
+                f"each of the {s.virtual_stages} chunk(s), one for every B"
+            )
         for c, i in forwards:
             if _position(actions, Kind.BACKWARD, i, c) < _position(actions, Kind.FORWARD, i, c):
                 raise ValueError(f"stage {j}: the backward of micro-batch {i} comes before its forward")
+            if split and _position(actions, Kind.WEIGHT, i, c) < _position(actions, Kind.BACKWARD, i, c):
+                raise ValueError(f"stage {j}: the W of micro-batch {i} comes before its B")
+
+
+def _units(actions: tuple[Action, ...], kind: Kind) -> list[tuple[int, int]]:
+    return [(a.chunk, a.micro_batch) for a in actions if a.kind is kind]
 
 
 def _position(actions: tuple[Action, ...], kind: Kind, i: int, c: int = 0) -> int:
@@ -81,12 +94,26 @@ def _advance(
 
 
 def peak_in_flight(s: PipelineSchedule, j: int) -> int:
-    """Most micro-batches whose forward stage j has run and whose backward it has not (activations kept;
-    interleaved: (chunk, micro-batch) units, each a chunk's activations, 1/V of a stage's)."""
+    """Most micro-batches whose forward stage j has run and whose backward it has not finished
+    (activations kept): up to the backward, or up to W when the schedule splits it, since W needs
+    the layer inputs too. Several chunks a stage: (chunk, micro-batch) units, each 1/V of a stage's."""
+    release = Kind.WEIGHT if s.splits_backward else Kind.BACKWARD
     alive = peak = 0
     for a in s.actions[j]:
-        alive += {Kind.FORWARD: 1, Kind.BACKWARD: -1, Kind.STEP: 0}[a.kind]
+        alive += 1 if a.kind is Kind.FORWARD else -1 if a.kind is release else 0
         peak = max(peak, alive)
+    return peak
+
+
+def peak_waiting_weights(s: PipelineSchedule, j: int) -> int:
+    """Most micro-batches whose B stage j has run and whose W it has not (0 without the split): the
+    part of `peak_in_flight` that keeps only what W needs (the paper's M_W, less than M_B)."""
+    waiting = peak = 0
+    split = s.splits_backward
+    for a in s.actions[j]:
+        if split:
+            waiting += 1 if a.kind is Kind.BACKWARD else -1 if a.kind is Kind.WEIGHT else 0
+        peak = max(peak, waiting)
     return peak
 
 
@@ -98,7 +125,7 @@ def peak_versions(s: PipelineSchedule, j: int) -> int:
             stashed[(a.chunk, a.micro_batch)] = a.version
         elif a.kind is Kind.BACKWARD:
             del stashed[(a.chunk, a.micro_batch)]
-        else:
+        elif a.kind is Kind.STEP:
             current = a.version
         peak = max(peak, len({current, *stashed.values()}))
     return peak
