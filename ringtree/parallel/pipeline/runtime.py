@@ -7,6 +7,11 @@ sends never block and are awaited at the end of the schedule, receives wait at m
 last stage computes `loss_fn(output, labels)`; losses stay on the device until the run ends. A
 stage that fails sends an abort header to its neighbours, which raise and pass it on, so a failure
 in one stage raises on every stage instead of leaving the others waiting.
+
+Schedules that split the backward (ZB-H1, ZB-H2, ZB-V, DualPipeV) run B and W as two actions
+(`split`): B computes the input's gradient and sends it upstream at once, W the weights' gradients
+when the schedule says; a micro-batch's activations are held until its W. Their weight gradients
+are added into `.grad` outside the parameters' hooks, so DDP synchronizes them at the step.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from torch import nn
 
 from ringtree.comm.errors import CollectiveError
 from ringtree.parallel.pipeline.exchange import Aborted, Exchange
+from ringtree.parallel.pipeline.split import WeightWork, backward_input, backward_weight
 from ringtree.parallel.pipeline.stash import WeightStash
 from ringtree.schedules.pipeline import SYNCHRONOUS, Action, Kind, PipelineSchedule
 
@@ -30,7 +36,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, label
 
 @dataclass(frozen=True)
 class ActionSpan:
-    """One forward, backward or step of this stage, in time.perf_counter() seconds."""
+    """One forward, backward (B of a split one), weight (its W) or step of this stage, in
+    time.perf_counter() seconds."""
 
     kind: str
     micro_batch: int
@@ -113,13 +120,20 @@ class _Execution:
         self.scale = [len(y) / total if s.name in SYNCHRONOUS else 1.0 for _, y in batches]
         self.stash = None if s.name in SYNCHRONOUS else WeightStash(stage.module, s.actions[stage.stage])
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # i -> (input, output or loss)
+        self.split = s.splits_backward
+        self.weight_work: dict[int, WeightWork] = {}  # i -> what its W needs (split backward)
         self.saved_bytes: dict[int, int] = {}
         self.losses: list[torch.Tensor] = []  # detached, on the device: read once, at the end
         self.out = StageRun()
         # the weights' storages, once per run (not per forward: between actions every tensor
         # operation counts, and an optimizer step updates the weights in place)
         self.params = {p.untyped_storage().data_ptr() for p in stage.module.parameters()}
-        self.act_of = {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}
+        self.act_of = {
+            Kind.FORWARD: self.forward,
+            Kind.BACKWARD: self.backward,
+            Kind.WEIGHT: self.weight,
+            Kind.STEP: self.do_step,
+        }
         self.times: list[tuple[str, int, float, float]] = []  # the spans, as tuples until the run ends
 
     def run(self) -> StageRun:
@@ -191,6 +205,14 @@ class _Execution:
         x, out = self.saved.pop(i)
         grad = None if self.st.is_last else self.ex.recv("gradient", i)
         start = time.perf_counter()
+        if self.split:  # B: the input's gradient only; W later
+            self.weight_work[i] = backward_input(out, grad, x)
+            del out
+            self.span("backward", i, start)
+            if not self.st.is_first:
+                assert x.grad is not None, "a received activation always requires grad"
+                self.ex.send("gradient", i, x.grad)
+            return
         torch.autograd.backward(out, grad)
         del self.saved_bytes[i]
         if self.stash is not None:
@@ -199,6 +221,14 @@ class _Execution:
         if not self.st.is_first:
             assert x.grad is not None, "a received activation always requires grad"
             self.ex.send("gradient", i, x.grad)
+
+    def weight(self, a: Action) -> None:
+        """W of micro-batch i: its weights' gradients, into .grad; its activations freed."""
+        i = a.micro_batch
+        start = time.perf_counter()
+        backward_weight(self.weight_work.pop(i))
+        del self.saved_bytes[i]
+        self.span("weight", i, start)
 
     def do_step(self, a: Action) -> None:
         start = time.perf_counter()

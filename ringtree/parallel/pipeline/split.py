@@ -159,10 +159,13 @@ def _recorder(grads: dict[int, tuple[torch.Tensor | None, ...]], k: int):  # typ
 
 def backward_weight(work: WeightWork) -> None:
     """W: add the weights' gradients into their `.grad`, from what B recorded; frees the graph."""
-    if work.whole is not None:
+    if work.whole is not None:  # like the split one, outside the weights' hooks
         out, grad = work.whole
         work.whole = None
-        torch.autograd.backward(out, grad)
+        leaves = [] if out.grad_fn is None else _leaves(out.grad_fn)
+        if leaves:
+            dws = torch.autograd.grad(out, [w for _, w in leaves], grad, allow_unused=True)
+            _accumulate(leaves, dws)
         return
     for group in work.groups:
         _weight_pass(group)
@@ -194,6 +197,19 @@ def _weight_pass(group: _Group) -> None:
     finally:
         for h in handles:
             h.remove()
-    for (_, w), dw in zip(group.weights, dws, strict=True):
+    _accumulate(group.weights, dws)
+
+
+def _leaves(root: Node) -> list[tuple[Node, torch.Tensor]]:
+    """The leaves (weights) of root's graph, with their gradient accumulators."""
+    return [
+        (node, leaf)
+        for node in _consumers(root)
+        if isinstance(leaf := getattr(node, "variable", None), torch.Tensor)
+    ]
+
+
+def _accumulate(weights: list[tuple[Node, torch.Tensor]], dws: tuple[torch.Tensor | None, ...]) -> None:
+    for (_, w), dw in zip(weights, dws, strict=True):
         if dw is not None:
             w.grad = dw if w.grad is None else w.grad.add_(dw)
