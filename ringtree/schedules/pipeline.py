@@ -302,23 +302,44 @@ def _zb_h1_stage(p: int, m: int, j: int) -> list[Action]:
 
 
 def zb_h2(p: int, m: int) -> PipelineSchedule:
-    """ZB-H2 (Qi et al. Fig. 4): stage j runs 2(p-1-j)+1 forwards before its first B, enough to fill
-    the wait for the first gradient, then B, W, F in turn; every W that cannot fit waits for the
-    tail. At most 2p-1 micro-batches' activations a stage (their Table 2: (2p-1) M_B)."""
+    """ZB-H2 (Qi et al. Fig. 4): more forwards in the warm-up (stage j runs 2(p-1-j)+1 before its
+    first B) and the W of the later stages pushed to the tail, so every stage keeps at most 2p-1
+    micro-batches' activations (their Table 2: (2p-1) M_B, stage j holding 2j W's worth). The order
+    is the paper's greedy rule played on a clock where F, B and W take one slot each: a stage runs B
+    when its gradient is there, else F when its activation is there and fewer than 2p-1 micro-batches
+    are alive, else the oldest W. Their bubble (p-1)(F+B-2W) assumes the optimizer step is not
+    synchronized across stages (their post-validation); with one synchronous step, as here, the last
+    stage cannot start before the first forward reaches it, so the bubble is at least (p-1) F."""
     check_zero_bubble("zb-h2", p, m)
-    return PipelineSchedule("zb-h2", p, m, tuple(_step(_zb_h2_stage(p, m, j)) for j in range(p)))
+    return PipelineSchedule("zb-h2", p, m, tuple(_step(a) for a in _greedy_orders(p, m, 2 * p - 1)))
 
 
-def _zb_h2_stage(p: int, m: int, j: int) -> list[Action]:
-    w = min(2 * (p - 1 - j) + 1, m)
-    actions = [Action(Kind.FORWARD, i) for i in range(w)]
-    forwards, weights = w, 0
-    for k in range(m):
-        actions.append(Action(Kind.BACKWARD, k))
-        if forwards < m:  # steady state: B, W, F
-            actions += [Action(Kind.WEIGHT, weights), Action(Kind.FORWARD, forwards)]
-            weights, forwards = weights + 1, forwards + 1
-    return actions + [Action(Kind.WEIGHT, i) for i in range(weights, m)]
+def _greedy_orders(p: int, m: int, limit: int) -> list[list[Action]]:
+    """Every stage's order under the rule B > F (while fewer than `limit` alive) > W, one slot each."""
+    orders: list[list[Action]] = [[] for _ in range(p)]
+    forward_end = [[-1] * m for _ in range(p)]  # the slot at whose start the output is there
+    backward_end = [[-1] * m for _ in range(p)]
+    f, b, w = [0] * p, [0] * p, [0] * p  # forwards, Bs and Ws each stage has run
+
+    def there(ends: list[int], i: int, t: int) -> bool:
+        return 0 <= ends[i] <= t
+
+    t = 0
+    while any(n < m for n in w):
+        for j in range(p):
+            gradient = forward_end[j] if j == p - 1 else backward_end[j + 1]
+            activation_there = j == 0 or (f[j] < m and there(forward_end[j - 1], f[j], t))
+            if b[j] < f[j] and there(gradient, b[j], t):
+                orders[j].append(Action(Kind.BACKWARD, b[j]))
+                backward_end[j][b[j]], b[j] = t + 1, b[j] + 1
+            elif f[j] < m and activation_there and f[j] - w[j] < limit:
+                orders[j].append(Action(Kind.FORWARD, f[j]))
+                forward_end[j][f[j]], f[j] = t + 1, f[j] + 1
+            elif w[j] < b[j]:
+                orders[j].append(Action(Kind.WEIGHT, w[j]))
+                w[j] += 1
+        t += 1
+    return orders
 
 
 def zb_v(p: int, m: int) -> PipelineSchedule:

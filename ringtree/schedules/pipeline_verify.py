@@ -105,18 +105,6 @@ def peak_in_flight(s: PipelineSchedule, j: int) -> int:
     return peak
 
 
-def peak_waiting_weights(s: PipelineSchedule, j: int) -> int:
-    """Most micro-batches whose B stage j has run and whose W it has not (0 without the split): the
-    part of `peak_in_flight` that keeps only what W needs (the paper's M_W, less than M_B)."""
-    waiting = peak = 0
-    split = s.splits_backward
-    for a in s.actions[j]:
-        if split:
-            waiting += 1 if a.kind is Kind.BACKWARD else -1 if a.kind is Kind.WEIGHT else 0
-        peak = max(peak, waiting)
-    return peak
-
-
 def peak_versions(s: PipelineSchedule, j: int) -> int:
     """Most weight versions stage j holds at once: the current one and those stashed in flight."""
     current, stashed, peak = 0, dict[tuple[int, int], int](), 1
@@ -140,3 +128,32 @@ def staleness(s: PipelineSchedule, j: int) -> list[int]:
         elif a.kind is Kind.BACKWARD:
             out.append(current - a.version)
     return out
+
+
+def published_peak(s: PipelineSchedule) -> int | None:
+    """The most (chunk, micro-batch) activations a stage may keep under the schedule's published
+    bound, or None where none is published (PipeDream, interleaved). Counted as `peak_in_flight`
+    counts (a split backward's activations until W): GPipe m; 1F1B and ZB-H1 p, 1F1B's first stage
+    (Qi et al. 2024, Table 2: p M_B); ZB-H2 2p-1 (their Table 2: (2p-1) M_B); ZB-V 2p chunks, i.e.
+    p micro-batches of a whole stage, 1F1B's memory (their section 6); DualPipeV 2p+1 chunks
+    (DeepSeek-V3, Table 2: PP+1 for DualPipe's PP stages, here the 2p chunks of the V)."""
+    p, m = s.stages, s.micro_batches
+    bounds = {"gpipe": m, "1f1b": min(m, p), "zb-h1": min(m, p), "zb-h2": min(m, 2 * p - 1),
+              "zb-v": 2 * p, "dualpipev": 2 * p + 1}  # fmt: skip
+    return bounds.get(s.name)
+
+
+def verify(s: PipelineSchedule) -> int:
+    """Every check as data: each stage's F before B before W for every micro-batch and chunk, counts
+    equal (`check_actions`), a dry run without deadlock over every transfer, the V's turn on the last
+    stage included (`dry_run`), and each stage's peak activations within `published_peak`. Returns
+    the dry run's rounds; raises ValueError (or DeadlockError) naming the first failure."""
+    rounds = dry_run(s)
+    bound = published_peak(s)
+    for j in range(s.stages):
+        if bound is not None and peak_in_flight(s, j) > bound:
+            raise ValueError(
+                f"{s.name}: stage {j} keeps {peak_in_flight(s, j)} micro-batches' activations, more than "
+                f"the {bound} its bound allows"
+            )
+    return rounds
