@@ -108,7 +108,8 @@ def test_too_few_micro_batches_or_layers_exit_2_naming_the_fix(
     args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "three_layers.py").write_text(
-        "from torch import nn\n\ndef factory():\n    return nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))\n"
+        "from torch import nn\n\n\ndef factory():\n"
+        "    return nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     result = CliRunner().invoke(app, ["train", "--pp", "2", *args])
