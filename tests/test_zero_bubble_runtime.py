@@ -13,6 +13,7 @@ from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.processes import spawn
 from ringtree.schedules.pipeline import build
+from tests.benchmark_scripts import load
 
 
 def _layers(n: int) -> nn.Sequential:
@@ -57,7 +58,14 @@ def _reference(p: int, m: int) -> tuple[list[float], dict[str, torch.Tensor]]:
 
 @pytest.mark.parametrize(
     ("p", "m", "name"),
-    [(2, 4, "1f1b"), (2, 4, "zb-h1"), (2, 4, "zb-h2"), (2, 4, "zb-v"), (2, 5, "dualpipev"), (4, 8, "zb-v")],
+    [
+        (2, 4, "1f1b"),
+        (2, 4, "zb-h1"),
+        (2, 4, "zb-h2"),
+        (2, 4, "zb-v"),
+        (2, 5, "dualpipev"),
+        pytest.param(4, 8, "zb-v", marks=pytest.mark.slow),
+    ],
 )
 def test_each_schedule_gives_the_plain_models_losses_and_gradients(p: int, m: int, name: str) -> None:
     results = spawn(_run, p, (p, m, name), timeout_s=90)
@@ -72,3 +80,19 @@ def test_each_schedule_gives_the_plain_models_losses_and_gradients(p: int, m: in
         for n, g in r["grads"].items():
             torch.testing.assert_close(g, grads[n], rtol=1e-6, atol=1e-7, msg=n)
     assert seen == set(grads)
+
+
+def _against_torch(rank: int) -> dict[str, Any]:
+    worker = load("pipeline_zero_bubble").worker  # loaded in the worker: a script is no module
+    return worker(rank, 4, 2, 1)  # type: ignore[no-any-return]
+
+
+def test_losses_and_gradients_equal_torchs_own_zero_bubble_schedules() -> None:
+    rows = spawn(_against_torch, 2, timeout_s=120)[0]["rows"]
+    assert [(r["schedule"], r["torch_schedule"]) for r in rows] == [
+        ("zb-v", "ScheduleZBVZeroBubble"),
+        ("zb-h1", "ScheduleInterleavedZeroBubble"),
+    ]
+    for r in rows:
+        assert len(r["ringtree_losses"]) == len(r["torch_losses"]) == 4
+        assert r["max_loss_difference"] <= 1e-6 and r["max_relative_grad_difference"] <= 1e-6, r

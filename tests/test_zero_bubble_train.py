@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,7 +69,7 @@ def _composed(rank: int) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.skipif(os.environ.get("RINGTREE_SLOW_TESTS") != "1", reason="slow: set RINGTREE_SLOW_TESTS=1")
+@pytest.mark.slow
 def test_zero_bubble_composes_with_dp_zero_accumulation_tp_sp_and_checkpointing() -> None:
     r = spawn(_composed, 4, timeout_s=600)[0]
     for prefix, names in (
