@@ -15,7 +15,8 @@ from ringtree.cli.app import app
 from ringtree.processes import spawn
 from ringtree.schedules.pipeline import ZERO_BUBBLE
 from ringtree.train import TrainConfig, Trainer
-from ringtree.train.factories import cross_entropy
+from ringtree.train.data import digits
+from ringtree.train.factories import cross_entropy, make_model
 from ringtree.train.gpt import GPT, GPTConfig
 from ringtree.train.language import sort_task
 
@@ -57,12 +58,54 @@ def test_every_zero_bubble_schedule_trains_to_1f1bs_losses() -> None:
     assert results["zb-h1"]["theoretical_bubble_fraction"] == pytest.approx(1 / 13)  # (p-1)/(3m+p-1)
 
 
+def _models(rank: int) -> dict[str, Any]:
+    """moe (the sort task) and vit (digits), 64 samples each, under 1f1b, zb-h1 and zb-v."""
+    x, y = sort_task(96, length=4)
+    digits_train, digits_test = digits()
+    data = {
+        "moe": (TensorDataset(x[:64], y[:64]), TensorDataset(x[64:], y[64:]), "sort"),
+        "vit": (
+            TensorDataset(*(t[:64] for t in digits_train.tensors)),
+            TensorDataset(*(t[:64] for t in digits_test.tensors)),
+            "digits",
+        ),
+    }
+    out = {}
+    for model, (train, test, dataset) in data.items():
+        cfg = replace(BASE, model=model, dataset=dataset, experts=4 if model == "moe" else None)
+        for name in ("1f1b", "zb-h1", "zb-v"):
+            torch.manual_seed(0)
+            net = make_model(model, cfg)
+            names = {"model": model, "dataset": dataset, "loss": "cross_entropy"}
+            run = replace(cfg, schedule=name)
+            out[f"{model}-{name}"] = Trainer(
+                net, train, cross_entropy, run, test_dataset=test, names=names
+            ).fit()
+    return out
+
+
+@pytest.mark.slow
+def test_moe_and_vit_train_under_zb_h1_and_zb_v_to_1f1bs_losses() -> None:
+    r = spawn(_models, 2, timeout_s=240)[0]
+    for model in ("moe", "vit"):
+        for name in ("zb-h1", "zb-v"):
+            for key in KEYS:
+                assert r[f"{model}-{name}"][key] == pytest.approx(
+                    r[f"{model}-1f1b"][key], rel=1e-6, abs=1e-7
+                ), (
+                    model,
+                    name,
+                    key,
+                )
+
+
 def _composed(rank: int) -> dict[str, Any]:
     out = {}
     dp = replace(BASE, batch_size=2, accumulate=2)  # DP 2 x 2 samples x 2 runs: 1F1B's step above
     for name in ("1f1b", "zb-h1", "zb-v"):
         out[f"dp-{name}"] = _fit(replace(dp, schedule=name))
-        out[f"zero-{name}"] = _fit(replace(dp, schedule=name, zero=2))
+        out[f"zero2-{name}"] = _fit(replace(dp, schedule=name, zero=2))
+        out[f"zero3-{name}"] = _fit(replace(dp, schedule=name, zero=3))
     tp = replace(BASE, tp=2, sequence_parallel=True, checkpoint_activations=True)
     for name in ("1f1b", "zb-v", "dualpipev"):
         out[f"tp-{name}"] = _fit(replace(tp, schedule=name))
@@ -74,7 +117,8 @@ def test_zero_bubble_composes_with_dp_zero_accumulation_tp_sp_and_checkpointing(
     r = spawn(_composed, 4, timeout_s=600)[0]
     for prefix, names in (
         ("dp", ("zb-h1", "zb-v")),
-        ("zero", ("zb-h1", "zb-v")),
+        ("zero2", ("zb-h1", "zb-v")),
+        ("zero3", ("zb-h1", "zb-v")),
         ("tp", ("zb-v", "dualpipev")),
     ):
         plain = r[f"{prefix}-1f1b"]
