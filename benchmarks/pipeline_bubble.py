@@ -220,8 +220,9 @@ def target_worker(rank: int, m: int, repeats: int, pin: bool = False) -> dict[st
     }
 
 
-def _formula(schedule: PipelineSchedule, every: list[list[ActionSpan]]) -> float:
-    """The schedule's bubble replayed on each stage's measured mean F, B and W (free transfers)."""
+def _formula(schedule: PipelineSchedule, every: list[list[ActionSpan]]) -> tuple[float, list[list[float]]]:
+    """The schedule's bubble replayed on each stage's measured mean F, B and W (free transfers), and
+    those times ([F, B, W] ms per stage, a whole stage's: V chunks' worth)."""
     v = schedule.virtual_stages
 
     def mean(stage: list[ActionSpan], kind: str) -> float:
@@ -232,7 +233,8 @@ def _formula(schedule: PipelineSchedule, every: list[list[ActionSpan]]) -> float
     weight = tuple(mean(st, "weight") for st in every)
     whole = tuple(mean(st, "backward") + w for st, w in zip(every, weight, strict=True))
     costs = StageCosts(fwd, whole, weight_s=weight if schedule.splits_backward else ())
-    return replay_pipeline(schedule, costs).bubble_fraction
+    times = [[1e3 * f, 1e3 * (b - w), 1e3 * w] for f, b, w in zip(fwd, whole, weight, strict=True)]
+    return replay_pipeline(schedule, costs).bubble_fraction, times
 
 
 def gpt_worker(
@@ -279,7 +281,7 @@ def gpt_worker(
             every: list[Any] = [None] * p
             dist.all_gather_object(every, spans)
             bubbles.append((*_analyse(every)[:2], _formula(schedule, every)))
-        bubble, step, formula = sorted(bubbles)[len(bubbles) // 2]
+        bubble, step, (formula, times) = sorted(bubbles)[len(bubbles) // 2]
         theory = theoretical_bubble(schedule.name, p, m, schedule.virtual_stages)
         rows.append(
             {
@@ -293,6 +295,7 @@ def gpt_worker(
                 "theoretical_bubble_fraction": theory,
                 "excess": bubble - theory,
                 "formula_bubble_fraction": formula,
+                "stage_fbw_ms": times,
                 "excess_over_formula": bubble - formula,
                 "step_time_s": step,
             }
