@@ -200,7 +200,9 @@ def main() -> None:
             f"{r['max_loss_difference']:>9.1e} {r['max_relative_grad_difference']:>9.1e}"
         )
     if args.json is not None:
-        out = {"environment": {**environment(), "backend": "gloo", "world_size": args.stages}, "rows": rows}
+        load = Path("/proc/loadavg").read_text().strip() if Path("/proc/loadavg").exists() else "n/a"
+        env = {**environment(), "backend": "gloo", "world_size": args.stages, "loadavg": load}
+        out = {"environment": env, "rows": rows}
         args.json.write_text(json.dumps(out, indent=1))
         print(f"wrote {args.json}")
 
