@@ -4,9 +4,14 @@ bounds), the bubble of the replay against the published formulas, and bad input.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
+from typer.testing import CliRunner
 
+from ringtree.cli.app import app
 from ringtree.schedules.pipeline import (
     SCHEDULES,
     ZERO_BUBBLE,
@@ -25,6 +30,7 @@ from ringtree.schedules.pipeline_verify import (
     published_peak,
     verify,
 )
+from ringtree.show.pipeline import timeline
 from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
 
 GOLDEN = {  # p = 4, m = 8; ".1" marks chunk 1 (the V's way back: virtual stage 2p-1-j)
@@ -213,3 +219,40 @@ def test_bad_input_names_the_flag_and_the_smallest_value_that_works() -> None:
         check_layers("zb-v", 4, 6)
     check_layers("zb-v", 4, 8)
     check_layers("zb-h1", 4, 4)
+
+
+@pytest.mark.parametrize("name", ZERO_BUBBLE)
+def test_the_timeline_has_f_b_and_w_one_slot_each(name: str) -> None:
+    p, m = 4, 8
+    t = timeline(name, p, m)
+    v = t.schedule.virtual_stages
+    for row in t.slots:
+        ops = [slot.op for slot in row]
+        assert [ops.count(op) for op in ("forward", "backward", "weight")] == [v * m] * 3
+    assert t.bubble_fraction == pytest.approx(1 - 3 * v * m / len(t.slots[0]))
+    if name in ("zb-h1", "zb-h2"):  # the formula at F = B = W = one slot: (p-1)/(3m+p-1), a third of 1F1B's
+        assert t.bubble_fraction == pytest.approx(t.theoretical_bubble_fraction) == 3 / 27
+        assert t.bubble_fraction < timeline("1f1b", p, m).bubble_fraction / 2
+
+
+def test_show_zb_v_prints_the_v_and_writes_json_and_png(tmp_path: Path) -> None:
+    out, png = tmp_path / "zbv.json", tmp_path / "zbv.png"
+    args = ["show", "zb-v", "--stages", "4", "--micro-batches", "8", "--json", str(out), "--png", str(png)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "stage j holds chunks j and 2p-1-j" in text and "W0.1" in text and "B input gradient" in text
+    data = json.loads(out.read_text())
+    assert (data["placement"], data["splits_backward"], data["virtual_stages"]) == ("v", True, 2)
+    assert data["activations_in_flight"] == [8, 8, 8, 8]
+    ops = {e["op"] for step in data["steps"] for e in step["stages"]}
+    assert ops == {"forward", "backward", "weight", "idle"}
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize(("name", "least"), [("zb-v", 8), ("dualpipev", 8), ("zb-h1", 4), ("zb-h2", 4)])
+def test_show_refuses_too_few_micro_batches_with_exit_2(name: str, least: int) -> None:
+    result = CliRunner().invoke(app, ["show", name, "--stages", "4", "--micro-batches", str(least - 1)])
+    assert result.exit_code == 2
+    assert f"use --micro-batches {least}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -263,14 +263,16 @@ def check_zero_bubble(name: str, p: int, m: int) -> None:
         )
 
 
-def check_layers(name: str, p: int, layers: int) -> None:
+def check_layers(name: str, p: int, layers: int, flag: str | None = None) -> None:
     """Raise ValueError when a model of `layers` layers cannot be cut into the chunks `name` needs
-    (2p for the V schedules, p otherwise), naming the smallest --pp-free fix."""
+    (2p for the V schedules, p otherwise), naming the fix: `flag` (the option that sets the layers,
+    where there is one) or a bigger model, or the largest --pp that works."""
     chunks = 2 * p if name in V_SHAPED else p
     if layers < chunks:
+        more = f"{flag} {chunks}" if flag else f"a model with at least {chunks} layers"
         raise ValueError(
             f"--schedule {name} on --pp {p} cuts the model into {chunks} chunks, but it has {layers} "
-            f"layers; use a model with at least {chunks} layers or --pp {max(1, layers // (chunks // p))}"
+            f"layers; use {more} or --pp {max(1, layers // (chunks // p))}"
         )
 
 
@@ -339,6 +341,8 @@ def _greedy_orders(p: int, m: int, limit: int) -> list[list[Action]]:
                 orders[j].append(Action(Kind.WEIGHT, w[j]))
                 w[j] += 1
         t += 1
+        if t > 3 * m * p + 2 * p:  # every slot some stage moves; more slots than work: a bug
+            raise RuntimeError(f"the greedy order of {p} stages, {m} micro-batches, limit {limit} stalls")
     return orders
 
 

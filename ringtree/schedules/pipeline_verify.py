@@ -132,15 +132,19 @@ def staleness(s: PipelineSchedule, j: int) -> list[int]:
 
 def published_peak(s: PipelineSchedule) -> int | None:
     """The most (chunk, micro-batch) activations a stage may keep under the schedule's published
-    bound, or None where none is published (PipeDream, interleaved). Counted as `peak_in_flight`
+    bound (`peak_bound`), or None where none is published (PipeDream, interleaved)."""
+    return peak_bound(s.name, s.stages, s.micro_batches)
+
+
+def peak_bound(name: str, p: int, m: int) -> int | None:
+    """The published bound on a stage's (chunk, micro-batch) activations, counted as `peak_in_flight`
     counts (a split backward's activations until W): GPipe m; 1F1B and ZB-H1 p, 1F1B's first stage
     (Qi et al. 2024, Table 2: p M_B); ZB-H2 2p-1 (their Table 2: (2p-1) M_B); ZB-V 2p chunks, i.e.
     p micro-batches of a whole stage, 1F1B's memory (their section 6); DualPipeV 2p+1 chunks
     (DeepSeek-V3, Table 2: PP+1 for DualPipe's PP stages, here the 2p chunks of the V)."""
-    p, m = s.stages, s.micro_batches
     bounds = {"gpipe": m, "1f1b": min(m, p), "zb-h1": min(m, p), "zb-h2": min(m, 2 * p - 1),
-              "zb-v": 2 * p, "dualpipev": 2 * p + 1}  # fmt: skip
-    return bounds.get(s.name)
+              "zb-v": min(2 * m, 2 * p), "dualpipev": min(2 * m, 2 * p + 1)}  # fmt: skip
+    return bounds.get(name)
 
 
 def verify(s: PipelineSchedule) -> int:

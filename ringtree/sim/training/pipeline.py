@@ -136,3 +136,43 @@ def _send(
     leave = max(end, channel_free.get((sent.src, sent.dst), 0.0))
     channel_free[(sent.src, sent.dst)] = leave + cost
     arrived[(sent.what, sent.dst, sent.micro_batch)] = leave + cost
+
+
+# The published bubbles, per stage, of one step of m micro-batches with a stage's forward f, input
+# gradient b and weight gradient w (a whole backward b + w), equal stages and free transfers. Qi et
+# al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 2: 1F1B (p-1)(F+B+W), ZB-H1 (p-1)(F+B-W),
+# ZB-H2 (p-1)(F+B-2W); DeepSeek-V3 (arXiv 2412.19437), Table 2: DualPipe (PP/2-1)(F&B+B-3W) over PP
+# chunks, with B the whole backward and F&B an overlapped pair (F+B when nothing overlaps, as here).
+FORMULAS = {
+    "gpipe": "(p-1)(F+B+W)",
+    "1f1b": "(p-1)(F+B+W)",
+    "zb-h1": "(p-1)(F+B-W)",
+    "zb-h2": "max((p-1)(F+B-2W), (p-1)F)",
+    "zb-v": "(p-1)F/2, the fill (all of it at F = B = W)",
+    "dualpipev": "(p-1)(F/2+B-W/2) (DeepSeek's, an upper bound here)",
+}
+
+
+def bubble_formula_s(name: str, p: int, f: float, b: float, w: float) -> float:
+    """Idle seconds per stage in one synchronous step by the published formula (`FORMULAS`), which
+    the replay (`replay_pipeline`) equals for GPipe, 1F1B, ZB-H1 and ZB-H2, and ZB-V at f = b = w.
+
+    ZB-H2's (p-1)(F+B-2W) assumes the optimizer step is not synchronized across stages (Qi et al.'s
+    post-validation); one synchronous step cannot start the last stage before the first forward
+    reaches it, (p-1) F, hence the max. ZB-V: the fill of (p-1) chunk forwards, (p-1) F/2, is what
+    a synchronous step cannot avoid and what it leaves at equal times (their "zero bubble"); other
+    times replay to more. DualPipeV: DeepSeek's formula with DualPipeV's PP = 2p chunks (chunk
+    forward f/2, whole chunk backward (b+w)/2, chunk W w/2, F&B = F + B), which the replay of the
+    pairs one after the other beats."""
+    if name in ("gpipe", "1f1b"):
+        return (p - 1) * (f + b + w)
+    if name == "zb-h1":
+        return (p - 1) * (f + b - w)
+    if name == "zb-h2":
+        return max((p - 1) * (f + b - 2 * w), (p - 1) * f)
+    if name == "zb-v":
+        return (p - 1) * f / 2
+    if name == "dualpipev":
+        chunk_f, chunk_b, chunk_w = f / 2, (b + w) / 2, w / 2
+        return (p - 1) * ((chunk_f + chunk_b) + chunk_b - 3 * chunk_w)
+    raise ValueError(f"no bubble formula for {name!r}; choose one of {', '.join(FORMULAS)}")
