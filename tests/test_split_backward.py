@@ -167,3 +167,37 @@ def test_tensor_parallel_layers_split_without_collectives_in_w(
         assert set(r["split"]) == set(r["whole"]) and r["whole"]
         for n, p in r["whole"].items():
             torch.testing.assert_close(r["split"][n], p, rtol=1e-5, atol=1e-6, msg=n)
+
+
+class Counted(nn.Module):
+    def __init__(self, calls: list[int]) -> None:
+        super().__init__()
+        self.linear, self.calls = nn.Linear(8, 8), calls
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls[0] += 1
+        return torch.tanh(self.linear(x))
+
+
+def test_a_checkpointed_stage_computes_its_weights_in_b_with_one_recomputation() -> None:
+    calls = [0]
+    torch.manual_seed(0)
+    split = Blocks([Counted(calls) for _ in range(4)], 2)  # the first two blocks checkpointed
+    whole = copy.deepcopy(split)
+    x, dy = torch.randn(3, 8), torch.randn(3, 8)
+    xw, xs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.autograd.backward(whole(xw), dy)
+    calls[0] = 0
+    out = split(xs)
+    assert calls == [4]
+    work = backward_input(out, dy, xs, defer=False)
+    assert calls == [6], "B recomputed the checkpointed segment once"
+    backward_weight(work)
+    assert calls == [6], "W had nothing left to do"
+    torch.testing.assert_close(xs.grad, xw.grad)
+    for n, p in _grads(whole).items():
+        torch.testing.assert_close(_grads(split)[n], p, msg=n)
+    # deferred, W is one pass per weight group, each recomputing the segment it unpacks
+    calls[0] = 0
+    backward_weight(backward_input(split(xs), dy, xs))
+    assert calls[0] > 6

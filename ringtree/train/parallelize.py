@@ -225,7 +225,13 @@ def _pipeline(
         ddp = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")) and not syncs_at_step(schedule))
     stage = Stage(ddp if ddp is not None else body, loss.amp.autocast)
     runner = PipelineStage(
-        stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=loss, device=device
+        stage,
+        mesh.pp_rank,
+        mesh.pp_ranks,
+        cfg.get("timeout_s"),
+        loss_fn=loss,
+        device=device,
+        defer_weights=not segments,  # checkpointed: W with B (one recomputation, see split.py)
     )
     return Pipeline(stages, stage, runner, ddp, schedule), segments
 
@@ -282,7 +288,14 @@ def _v_shaped(
     ddp = data_parallel(pair, cfg, mesh, False) if any(q.requires_grad for q in pair.parameters()) else None
     stages = [Stage(ddp if ddp is not None else pair, loss.amp.autocast, chunk=c) for c in range(2)]
     runner = InterleavedStage(
-        stages, j, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=loss, device=device, placement="v"
+        stages,
+        j,
+        mesh.pp_ranks,
+        cfg.get("timeout_s"),
+        loss_fn=loss,
+        device=device,
+        placement="v",
+        defer_weights=not segments,  # checkpointed: W with B (one recomputation, see split.py)
     )
     per_rank = [nn.Sequential(virtual[k], virtual[2 * p - 1 - k]) for k in range(p)]
     return Pipeline(per_rank, Chunks(stages), runner, ddp, cfg.get("schedule")), segments

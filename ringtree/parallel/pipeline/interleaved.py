@@ -89,6 +89,7 @@ class InterleavedStage:
         loss_fn: LossFn = F.cross_entropy,
         device: torch.device | None = None,
         placement: str = "loop",
+        defer_weights: bool = True,
     ) -> None:
         p, v = len(ranks), len(chunks)
         if placement == "v" and v != 2:
@@ -98,7 +99,15 @@ class InterleavedStage:
         virtual = [ranks[to_stage(s)[0]] for s in range(p * v)]  # the rank of each virtual stage
         self.stage, self.p, self.v, self.placement = stage, p, v, placement
         self.chunks = [
-            PipelineStage(chunk, of_stage(stage, c), virtual, timeout_s, loss_fn=loss_fn, device=device)
+            PipelineStage(
+                chunk,
+                of_stage(stage, c),
+                virtual,
+                timeout_s,
+                loss_fn=loss_fn,
+                device=device,
+                defer_weights=defer_weights,
+            )
             for c, chunk in enumerate(chunks)
         ]
         loopback = Loopback()  # chunks of this rank that are neighbours (the V's turn)

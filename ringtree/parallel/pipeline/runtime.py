@@ -11,7 +11,9 @@ in one stage raises on every stage instead of leaving the others waiting.
 Schedules that split the backward (ZB-H1, ZB-H2, ZB-V, DualPipeV) run B and W as two actions
 (`split`): B computes the input's gradient and sends it upstream at once, W the weights' gradients
 when the schedule says; a micro-batch's activations are held until its W. Their weight gradients
-are added into `.grad` outside the parameters' hooks, so DDP synchronizes them at the step.
+are added into `.grad` outside the parameters' hooks, so DDP synchronizes them at the step. A stage
+made with defer_weights=False (activation-checkpointed: deferring W would recompute its segments
+once per weight) computes the weight gradients in B and its W actions do nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class PipelineStage:
     """This rank's stage of a pipeline whose stage j runs on global rank ranks[j].
 
     The last stage turns its output and the micro-batch's targets into the loss with `loss_fn`.
+    defer_weights: under a schedule that splits the backward, W computes the weight gradients
+    (False: B does, with the input's; for a stage under activation checkpointing).
     """
 
     def __init__(
@@ -70,12 +74,13 @@ class PipelineStage:
         *,
         loss_fn: LossFn = F.cross_entropy,
         device: torch.device | None = None,
+        defer_weights: bool = True,
     ) -> None:
         if not 0 <= stage < len(ranks):
             raise ValueError(f"stage {stage} is not one of the {len(ranks)} stages of ranks {list(ranks)}")
         self.module, self.stage, self.ranks, self.timeout_s = module, stage, list(ranks), timeout_s
         self.is_first, self.is_last = stage == 0, stage == len(ranks) - 1
-        self.loss_fn = loss_fn
+        self.loss_fn, self.defer_weights = loss_fn, defer_weights
         first = next(module.parameters(), None)
         self.device = device or (first.device if first is not None else torch.device("cpu"))
         self.exchange = Exchange(stage, self.ranks, self.device, timeout_s)
@@ -206,7 +211,7 @@ class _Execution:
         grad = None if self.st.is_last else self.ex.recv("gradient", i)
         start = time.perf_counter()
         if self.split:  # B: the input's gradient only; W later
-            self.weight_work[i] = backward_input(out, grad, x)
+            self.weight_work[i] = backward_input(out, grad, x, self.st.defer_weights)
             del out
             self.span("backward", i, start)
             if not self.st.is_first:

@@ -16,7 +16,10 @@ stage_backward_input / stage_backward_weight do it:
 
 What W keeps: the intermediates' nodes (and through them the tensors they saved) and the recorded
 gradients; once the caller drops B's output, the rest of the output-side graph goes. Under activation
-checkpointing (torch's non-reentrant checkpoint) each half recomputes what it unpacks. A column-
+checkpointing (torch's non-reentrant checkpoint) each autograd pass recomputes the segments it
+unpacks, and W is one pass per group of weights: deferring W there would recompute a segment once
+per weight, so `backward_input(..., defer=False)` computes the weights' gradients in B instead (one
+pass, one recomputation; W then has nothing left to do). A column-
 or row-parallel layer's W is a local matmul: its collectives sit on the input's path and run in B.
 Pure autograd: no collectives, no process groups.
 """
@@ -94,15 +97,25 @@ def _upward(
     return closure, met
 
 
-def backward_input(out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor) -> WeightWork:
+def backward_input(
+    out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor, defer: bool = True
+) -> WeightWork:
     """B: x.grad = the gradient of `out` (given its gradient `grad`; None for a loss) w.r.t. x.
 
     Returns what W needs. When x needs no gradient (the first stage) nothing runs
-    here and W runs the whole backward.
+    here and W runs the whole backward. defer=False: the weights' gradients too, now, in the same
+    pass (W is then empty); for activation-checkpointed stages.
     """
     x_node, root = node_of(x), out.grad_fn
     if x_node is None or root is None:
         return WeightWork(whole=(out, grad))
+    if not defer:
+        leaves = [(n, w) for n, w in _leaves(root) if n is not x_node]
+        grads = torch.autograd.grad(out, [x, *(w for _, w in leaves)], grad, allow_unused=True)
+        if grads[0] is not None:
+            x.grad = grads[0] if x.grad is None else x.grad + grads[0]
+        _accumulate(leaves, grads[1:])
+        return WeightWork()
     consumers = _consumers(root)
     if x_node not in consumers and x_node is not root:
         return WeightWork(whole=(out, grad))  # out does not depend on x
