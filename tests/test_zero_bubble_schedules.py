@@ -31,6 +31,7 @@ from ringtree.schedules.pipeline_verify import (
     verify,
 )
 from ringtree.show.pipeline import timeline
+from ringtree.sim.network.hardware import Link
 from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
 
 GOLDEN = {  # p = 4, m = 8; ".1" marks chunk 1 (the V's way back: virtual stage 2p-1-j)
@@ -256,3 +257,14 @@ def test_show_refuses_too_few_micro_batches_with_exit_2(name: str, least: int) -
     assert result.exit_code == 2
     assert f"use --micro-batches {least}" in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_the_vs_turn_on_one_stage_pays_no_link() -> None:
+    """One stage holding both chunks: every transfer is the V's turn on that stage, so a link that
+    costs a second a message adds nothing; two stages pay it on the messages between them."""
+    slow = Link("slow", 1.0, 1e30)
+    costs = StageCosts.uniform(1, 1.0, 2.0)
+    s = build("zb-v", 1, 2)
+    assert replay_pipeline(s, costs, slow).step_time_s == replay_pipeline(s, costs).step_time_s == 6.0
+    two = build("zb-v", 2, 4)
+    assert replay_pipeline(two, StageCosts.uniform(2, 1.0, 2.0), slow).step_time_s > 12.0 + 2.0

@@ -32,19 +32,16 @@ def check_actions(s: PipelineSchedule) -> None:
                 f"stage {j}: weight gradients {_units(actions, Kind.WEIGHT)} must be 0..m-1 once for "
                 f"each of the {s.virtual_stages} chunk(s), one for every B"
             )
+        at = {(a.kind, a.chunk, a.micro_batch): k for k, a in enumerate(actions)}
         for c, i in forwards:
-            if _position(actions, Kind.BACKWARD, i, c) < _position(actions, Kind.FORWARD, i, c):
+            if at[(Kind.BACKWARD, c, i)] < at[(Kind.FORWARD, c, i)]:
                 raise ValueError(f"stage {j}: the backward of micro-batch {i} comes before its forward")
-            if split and _position(actions, Kind.WEIGHT, i, c) < _position(actions, Kind.BACKWARD, i, c):
+            if split and at[(Kind.WEIGHT, c, i)] < at[(Kind.BACKWARD, c, i)]:
                 raise ValueError(f"stage {j}: the W of micro-batch {i} comes before its B")
 
 
 def _units(actions: tuple[Action, ...], kind: Kind) -> list[tuple[int, int]]:
     return [(a.chunk, a.micro_batch) for a in actions if a.kind is kind]
-
-
-def _position(actions: tuple[Action, ...], kind: Kind, i: int, c: int = 0) -> int:
-    return next(k for k, a in enumerate(actions) if a.kind is kind and a.micro_batch == i and a.chunk == c)
 
 
 def dry_run(s: PipelineSchedule) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ringtree.schedules.pipeline import ZERO_BUBBLE, build, theoretical_bubble_fraction
+from ringtree.schedules.pipeline import V_SHAPED, ZERO_BUBBLE, build, theoretical_bubble_fraction
 from ringtree.sim.network.allreduce import allreduce_time as sim_allreduce_time
 from ringtree.sim.network.closed_form import ALGORITHMS, check_algorithm
 from ringtree.sim.network.hardware import Cluster, Link
@@ -459,7 +459,7 @@ def _zero_bubble_s(
     if fast:
         k = max(range(p), key=lambda j: fs[j] + bs[j])
         message = link.alpha_s + work.activation_bytes * link.beta
-        turns = 2 if layout.schedule in ("zb-v", "dualpipev") else 1  # the V: twice the stage messages
+        turns = 2 if layout.schedule in V_SHAPED else 1  # the V: twice the stage messages
         idle = bubble_formula_s(layout.schedule, p, fs[k], bs[k] - ws[k], ws[k])
         return m * (fs[k] + bs[k]) + idle + turns * 2 * (p - 1) * message
     costs = StageCosts(fs, bs, activation_bytes=work.activation_bytes, weight_s=ws)
