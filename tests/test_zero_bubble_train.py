@@ -110,6 +110,15 @@ def _composed(rank: int) -> dict[str, Any]:
         out[f"dp-{name}"] = _fit(replace(dp, schedule=name))
         out[f"zero2-{name}"] = _fit(replace(dp, schedule=name, zero=2))
         out[f"zero3-{name}"] = _fit(replace(dp, schedule=name, zero=3))
+    x, y = sort_task(96, length=4)
+    moe = replace(dp, model="moe", dataset="sort", experts=4)  # DP 2: the routers' counts are buffers
+    for name in ("1f1b", "zb-v"):
+        torch.manual_seed(0)
+        names = {"model": "moe", "dataset": "sort", "loss": "cross_entropy"}
+        out[f"moe-{name}"] = Trainer(
+            make_model("moe", moe), TensorDataset(x[:64], y[:64]), cross_entropy, replace(moe, schedule=name),
+            test_dataset=TensorDataset(x[64:], y[64:]), names=names,
+        ).fit()  # fmt: skip
     tp = replace(BASE, tp=2, sequence_parallel=True, checkpoint_activations=True)
     for name in ("1f1b", "zb-v", "dualpipev"):
         out[f"tp-{name}"] = _fit(replace(tp, schedule=name))
@@ -124,6 +133,7 @@ def test_zero_bubble_composes_with_dp_zero_accumulation_tp_sp_and_checkpointing(
         ("zero2", ("zb-h1", "zb-v")),
         ("zero3", ("zb-h1", "zb-v")),
         ("tp", ("zb-v", "dualpipev")),
+        ("moe", ("zb-v",)),
     ):
         plain = r[f"{prefix}-1f1b"]
         for name in names:

@@ -275,8 +275,10 @@ def _v_shaped(
     loss: TrainingLoss,
     sample: torch.Tensor,
 ) -> tuple[Pipeline, int]:
-    """ZB-V and DualPipeV: the model cut into 2 pp chunks; rank j runs chunks j and 2 pp - 1 - j, both
-    in one DDP (or ZeRO) module, synchronized at the step."""
+    """ZB-V and DualPipeV: the model cut into 2 pp chunks; rank j runs chunks j and 2 pp - 1 - j,
+    synchronized at the step: under ZeRO both in one ShardedDataParallel (a ChunkPair), under DDP
+    one DDP per chunk as interleaved 1F1B has (each forward broadcasts its own chunk's buffers only,
+    as a stage's forward does under 1F1B: an MoE router's token counts are buffers)."""
     p, j = cfg.pp, mesh.pp_rank
     virtual = cut(model_layers(net), 2 * p, cfg.get("pp_balance"), sample)
     bodies, segments = [], 0
@@ -285,8 +287,19 @@ def _v_shaped(
         bodies.append(body)
         segments = max(segments, chunk_segments)
     pair = ChunkPair(bodies)
-    ddp = data_parallel(pair, cfg, mesh, False) if any(q.requires_grad for q in pair.parameters()) else None
-    stages = [Stage(ddp if ddp is not None else pair, loss.amp.autocast, chunk=c) for c in range(2)]
+    ddp: DataParallel | ChunkDDPs | None = None
+    if not any(q.requires_grad for q in pair.parameters()):
+        stages = [Stage(pair, loss.amp.autocast, chunk=c) for c in range(2)]
+    elif cfg.zero:
+        ddp = data_parallel(pair, cfg, mesh, False)
+        stages = [Stage(ddp, loss.amp.autocast, chunk=c) for c in range(2)]
+    else:
+        wrapped = [
+            data_parallel(b, cfg, mesh, False) if any(q.requires_grad for q in b.parameters()) else b
+            for b in bodies
+        ]
+        ddp = ChunkDDPs([d for d in wrapped if isinstance(d, DistributedDataParallel)])
+        stages = [Stage(d, loss.amp.autocast) for d in wrapped]
     runner = InterleavedStage(
         stages,
         j,

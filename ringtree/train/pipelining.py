@@ -7,7 +7,8 @@ tells DDP to synchronize, so its buckets overlap that backward as in plain data 
 PipeDream computes gradients on stashed weight copies, outside DDP's hooks: its step callback
 all-reduces them with DDP.sync_gradients() (the same buckets, algorithm and compression). The
 zero-bubble schedules add their W's gradients outside the hooks too, and synchronize the same way.
-The V-shaped ones (zb-v, dualpipev) hold two chunks a rank in one DDP (or ZeRO) module, `ChunkPair`.
+The V-shaped ones (zb-v, dualpipev) hold two chunks a rank: a DDP each, or under ZeRO one
+ShardedDataParallel around both (`ChunkPair`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Chunks(nn.Module):
 
 
 class ChunkPair(nn.Module):
-    """The V placement's two chunks of one rank as one module (one DDP or ZeRO wrapper for both):
+    """The V placement's two chunks of one rank as one module (one ZeRO wrapper for both):
     forward(x, chunk) runs chunk `chunk`."""
 
     def __init__(self, chunks: list[nn.Module]) -> None:
