@@ -39,6 +39,8 @@ def _fit(cfg: TrainConfig) -> dict[str, Any]:
 def _schedules(rank: int, base: TrainConfig) -> dict[str, Any]:
     out = {name: _fit(replace(base, schedule=name)) for name in ("1f1b", *ZERO_BUBBLE)}
     out["zb-v, checkpointed"] = _fit(replace(base, schedule="zb-v", checkpoint_activations=True))
+    out["1f1b, bf16"] = _fit(replace(base, schedule="1f1b", amp="bf16"))
+    out["zb-v, bf16"] = _fit(replace(base, schedule="zb-v", amp="bf16"))  # W outside autocast
     return out
 
 
@@ -60,6 +62,7 @@ def test_every_zero_bubble_schedule_trains_to_1f1bs_losses() -> None:
     assert results["zb-h1"]["theoretical_bubble_fraction"] == pytest.approx(1 / 13)  # (p-1)/(3m+p-1)
     for key in KEYS:  # W computed in B under activation checkpointing: the same training
         assert results["zb-v, checkpointed"][key] == pytest.approx(plain[key], rel=1e-6, abs=1e-7), key
+        assert results["zb-v, bf16"][key] == pytest.approx(results["1f1b, bf16"][key], rel=1e-6, abs=1e-7)
 
 
 def _models(rank: int) -> dict[str, Any]:
