@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ringtree import dtypes
-from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
+from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS, ZERO_BUBBLE, check_zero_bubble
 from ringtree.schedules.ring_attention import COMMS as CP_COMMS
 
 # Nothing here imports torch at module level: the CLI derives its options from this module, and
@@ -33,7 +33,7 @@ MODES = ("ddp", "dp", "dp-threads", "dp-threads-balanced")
 LANGUAGE_MODELS = ("gpt", "gpt-tied", "moe")  # they read token ids [b, t] and predict every next token
 THREAD_MODES = ("dp-threads", "dp-threads-balanced")  # one process, torch's DataParallel (the seeds)
 DEVICES = ("auto", "cpu", "cuda")
-COMPRESSIONS = ("fp16", "bf16")
+COMPRESSIONS = ("fp16", "bf16", "powersgd")
 BALANCES = ("params", "time")
 MASTER_ALGORITHMS = ("native", "ring", "tree", "ps")  # what --mode dp's reduce and broadcast run
 
@@ -43,6 +43,8 @@ RECIPE_FIELDS = ("lr", "epochs", "batch_size")  # None: from the model's recipe 
 DEFAULTS: dict[str, Any] = {
     "bucket_mb": 25.0,  # torch DDP's default fusion-bucket cap
     "overlap": True,
+    "powersgd_rank": 1,  # torch's PowerSGDState defaults: rank 1, plain all-reduce for 1000 steps
+    "powersgd_start_iter": 1000,
     "micro_batches": 4,
     "schedule": "1f1b",
     "virtual_stages": 2,  # interleaved 1F1B: two chunks a stage halve the bubble (Megatron-LM)
@@ -159,8 +161,16 @@ class TrainConfig:
     threads: int | None = _opt(None, "Devices of --mode dp-threads: every GPU, or N CPU copies [2].")
     algorithm: str = _opt("ring", "All-reduce algorithm: native, ring, tree, double_tree, ps, ...")
     bucket_mb: float | None = _opt(None, "DDP fusion bucket cap in MB [25].")
-    compression: str | None = _opt(None, "fp16 or bf16: DDP buckets travel in half precision.")
+    compression: str | None = _opt(
+        None, "fp16 or bf16: DDP buckets travel in half precision; powersgd: as low-rank factors."
+    )
     overlap: bool | None = _opt(None, "Launch DDP buckets during backward (--no-overlap: after) [on].")
+    powersgd_rank: int | None = _opt(
+        None, "Columns of PowerSGD's P and Q (needs --compression powersgd) [1]."
+    )
+    powersgd_start_iter: int | None = _opt(
+        None, "Optimizer steps with a plain all-reduce before PowerSGD compresses (needs it) [1000]."
+    )
     batch_size: int | None = _opt(None, "Samples per DP rank and micro-batch [the model's recipe].")
     epochs: int | None = _opt(None, "Passes over the training split [the model's recipe].")
     lr: float | None = _opt(None, "AdamW learning rate [the model's recipe].")
@@ -191,7 +201,9 @@ class TrainConfig:
     pp: int = _opt(1, "Pipeline stages per model replica; 1: no pipeline.")
     micro_batches: int | None = _opt(None, "Micro-batches per pipeline run (needs --pp) [4].")
     schedule: str | None = _opt(
-        None, "gpipe, 1f1b, interleaved, pipedream, pipedream-vs (needs --pp) [1f1b]."
+        None,
+        "gpipe, 1f1b, interleaved, pipedream, pipedream-vs, or zero-bubble zb-h1, zb-h2, zb-v, "
+        "dualpipev (needs --pp) [1f1b].",
     )
     virtual_stages: int | None = _opt(
         None, "Model chunks per pipeline stage (needs --schedule interleaved) [2]."
@@ -290,6 +302,7 @@ def _check_values(cfg: TrainConfig) -> None:
     _choice("amp", cfg.amp, AMP_MODES)
     if cfg.compression is not None:
         _choice("compression", cfg.compression, COMPRESSIONS)
+    _check_powersgd(cfg)
     if cfg.schedule is not None:
         _choice("pipeline schedule", cfg.schedule, tuple(SCHEDULES))
     if cfg.pp_balance is not None:
@@ -341,6 +354,30 @@ _NEEDS = (
     ("distill_alpha", "teacher", "--distill-alpha needs --teacher; drop it or add --teacher"),
     ("cp_comm", "cp", "--cp-comm needs --cp 2 or more; drop it or add --cp"),
 )
+
+
+def _check_powersgd(cfg: TrainConfig) -> None:
+    """--powersgd-rank >= 1 and --powersgd-start-iter >= 0, each only with --compression powersgd."""
+    if cfg.powersgd_rank is not None and cfg.powersgd_rank < 1:
+        raise ValueError(
+            f"--powersgd-rank must be at least 1 (columns of P and Q), got {cfg.powersgd_rank}; "
+            "start from 1 and double it until the accuracy is good enough"
+        )
+    if cfg.powersgd_start_iter is not None and cfg.powersgd_start_iter < 0:
+        raise ValueError(f"--powersgd-start-iter must be 0 or more, got {cfg.powersgd_start_iter}")
+    for name in ("powersgd_rank", "powersgd_start_iter"):
+        if getattr(cfg, name) is not None and cfg.compression != "powersgd":
+            raise ValueError(f"{flag(name)} configures --compression powersgd; add it or drop {flag(name)}")
+    if cfg.compression == "powersgd" and cfg.amp == "fp16":
+        raise ValueError(
+            "--compression powersgd keeps each step's compression error for the next, which --amp "
+            "fp16's changing loss scale and skipped overflow steps would corrupt; use --amp bf16"
+        )
+    if cfg.compression == "powersgd" and cfg.ep > 1:
+        raise ValueError(
+            f"--compression powersgd compresses DDP's buckets, and --ep {cfg.ep} reduces the experts "
+            "outside them; drop one of the two"
+        )
 
 
 def _check_moe_values(cfg: TrainConfig) -> None:
@@ -463,6 +500,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
     _check_moe(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
+    if cfg.pp > 1 and cfg.get("schedule") in ZERO_BUBBLE:
+        check_zero_bubble(cfg.get("schedule"), cfg.pp, cfg.get("micro_batches"))
     if cfg.pp > 1 and cfg.schedule == "interleaved" and cfg.get("micro_batches") % cfg.pp:
         m = cfg.get("micro_batches")
         raise ValueError(
@@ -489,6 +528,8 @@ def _bucket_options(cfg: TrainConfig) -> list[tuple[str, Any]]:
         ("--bucket-mb", cfg.bucket_mb),
         ("--compression", cfg.compression),
         ("--overlap/--no-overlap", cfg.overlap),
+        ("--powersgd-rank", cfg.powersgd_rank),
+        ("--powersgd-start-iter", cfg.powersgd_start_iter),
     ]
 
 
@@ -667,12 +708,14 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("threads")
     if cfg.pp == 1:
         dropped |= {"micro_batches", "schedule", "pp_balance"}
-    elif cfg.get("schedule") not in SYNCHRONOUS or cfg.schedule == "interleaved":
-        out["overlap"] = False  # pipedream and interleaved synchronize their gradients at the step
+    elif cfg.get("schedule") not in SYNCHRONOUS or cfg.schedule in ("interleaved", *ZERO_BUBBLE):
+        out["overlap"] = False  # pipedream, interleaved, zero-bubble: gradients synchronized at the step
     if cfg.pp == 1 or cfg.schedule != "interleaved":
         dropped.add("virtual_stages")
     if cfg.zero:
         dropped |= {"compression", "overlap"}  # refused with --zero: ShardedDataParallel has neither
+    if cfg.compression != "powersgd" or cfg.zero or cfg.mode != "ddp":
+        dropped |= {"powersgd_rank", "powersgd_start_iter"}
     if cfg.teacher is None:
         dropped |= {"distill_temperature", "distill_alpha"}
     if not cfg.checkpoint_activations:

@@ -35,6 +35,7 @@ from ringtree.parallel import (
     DistributedDataParallel,
     MasterDataParallel,
     Mesh,
+    PowerSGD,
     ShardedDataParallel,
 )
 from ringtree.parallel.context import has_attention
@@ -42,11 +43,11 @@ from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.expert import ExpertParallel, expert_parameters, moe_layers
 from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import PipelineStage
-from ringtree.schedules.pipeline import SYNCHRONOUS
+from ringtree.schedules.pipeline import V_SHAPED, check_layers
 from ringtree.train import tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, device_type
 from ringtree.train.loss import TrainingLoss
-from ringtree.train.pipelining import ChunkDDPs, Chunks, Stage, checkpointed, cut
+from ringtree.train.pipelining import ChunkDDPs, ChunkPair, Chunks, Stage, checkpointed, cut, syncs_at_step
 from ringtree.train.stages import model_layers
 from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
 
@@ -75,6 +76,13 @@ class Parallelized:
     trained: list[nn.Parameter]
     segments: int
     experts: ExpertParallel | None = None  # models with MoE layers: reduces and balances the experts
+
+    @property
+    def powersgd(self) -> list[DistributedDataParallel]:
+        """This rank's DDPs (a stage's, each chunk's) that compress with PowerSGD, in order."""
+        model = self.model if self.pipe is None else self.pipe.ddp
+        ddps = model.ddps if isinstance(model, ChunkDDPs) else [model]
+        return [d for d in ddps if isinstance(d, DistributedDataParallel) and d.powersgd is not None]
 
     @property
     def sharded(self) -> ShardedDataParallel | None:
@@ -188,11 +196,18 @@ def data_parallel(module: nn.Module, cfg: TrainConfig, mesh: Mesh, overlap: bool
         module,
         bucket_cap_mb=cfg.get("bucket_mb"),
         algorithm=cfg.algorithm,
-        compression=cfg.compression,
+        compression=compression(cfg),
         overlap=overlap,
         timeout_s=cfg.get("timeout_s"),
         process_group=mesh.dp_cp_group,
     )
+
+
+def compression(cfg: TrainConfig) -> str | PowerSGD | None:
+    """--compression for one DDP: powersgd is a state of its own per wrapper (stage, chunk)."""
+    if cfg.compression != "powersgd":
+        return cfg.compression
+    return PowerSGD(rank=cfg.get("powersgd_rank"), start_iter=cfg.get("powersgd_start_iter"))
 
 
 def _checkpointed(net: nn.Module, cfg: TrainConfig) -> tuple[nn.Module, int]:
@@ -215,15 +230,23 @@ def _pipeline(
     """This rank's stage in DDP and the runtime that runs it; its checkpoint segments."""
     if cfg.schedule == "interleaved":
         return _interleaved(net, cfg, mesh, device, loss, sample())
+    if cfg.schedule in V_SHAPED:
+        return _v_shaped(net, cfg, mesh, device, loss, sample())
     stages = cut(model_layers(net), cfg.pp, cfg.get("pp_balance"), sample())
     body, segments = checkpointed(stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations)
     schedule = cfg.get("schedule")
     ddp = None
     if any(p.requires_grad for p in body.parameters()):
-        ddp = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")) and schedule in SYNCHRONOUS)
+        ddp = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")) and not syncs_at_step(schedule))
     stage = Stage(ddp if ddp is not None else body, loss.amp.autocast)
     runner = PipelineStage(
-        stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=loss, device=device
+        stage,
+        mesh.pp_rank,
+        mesh.pp_ranks,
+        cfg.get("timeout_s"),
+        loss_fn=loss,
+        device=device,
+        defer_weights=not segments,  # checkpointed: W with B (one recomputation, see split.py)
     )
     return Pipeline(stages, stage, runner, ddp, schedule), segments
 
@@ -259,8 +282,58 @@ def _interleaved(
     return pipe, segments
 
 
+def _v_shaped(
+    net: nn.Module,
+    cfg: TrainConfig,
+    mesh: Mesh,
+    device: torch.device,
+    loss: TrainingLoss,
+    sample: torch.Tensor,
+) -> tuple[Pipeline, int]:
+    """ZB-V and DualPipeV: the model cut into 2 pp chunks; rank j runs chunks j and 2 pp - 1 - j,
+    synchronized at the step: under ZeRO both in one ShardedDataParallel (a ChunkPair), under DDP
+    one DDP per chunk as interleaved 1F1B has (each forward broadcasts its own chunk's buffers only,
+    as a stage's forward does under 1F1B: an MoE router's token counts are buffers)."""
+    p, j = cfg.pp, mesh.pp_rank
+    virtual = cut(model_layers(net), 2 * p, cfg.get("pp_balance"), sample)
+    bodies, segments = [], 0
+    for layers in (virtual[j], virtual[2 * p - 1 - j]):
+        body, chunk_segments = checkpointed(layers, cfg.checkpoint_segments, cfg.checkpoint_activations)
+        bodies.append(body)
+        segments = max(segments, chunk_segments)
+    pair = ChunkPair(bodies)
+    ddp: DataParallel | ChunkDDPs | None = None
+    if not any(q.requires_grad for q in pair.parameters()):
+        stages = [Stage(pair, loss.amp.autocast, chunk=c) for c in range(2)]
+    elif cfg.zero:
+        ddp = data_parallel(pair, cfg, mesh, False)
+        stages = [Stage(ddp, loss.amp.autocast, chunk=c) for c in range(2)]
+    else:
+        wrapped = [
+            data_parallel(b, cfg, mesh, False) if any(q.requires_grad for q in b.parameters()) else b
+            for b in bodies
+        ]
+        ddp = ChunkDDPs([d for d in wrapped if isinstance(d, DistributedDataParallel)])
+        stages = [Stage(d, loss.amp.autocast) for d in wrapped]
+    runner = InterleavedStage(
+        stages,
+        j,
+        mesh.pp_ranks,
+        cfg.get("timeout_s"),
+        loss_fn=loss,
+        device=device,
+        placement="v",
+        defer_weights=not segments,  # checkpointed: W with B (one recomputation, see split.py)
+    )
+    per_rank = [nn.Sequential(virtual[k], virtual[2 * p - 1 - k]) for k in range(p)]
+    return Pipeline(per_rank, Chunks(stages), runner, ddp, cfg.get("schedule")), segments
+
+
 def virtual_stages(cfg: TrainConfig) -> int:
-    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, else 1."""
+    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, 2 under the V
+    schedules (zb-v, dualpipev), else 1."""
+    if cfg.schedule in V_SHAPED:
+        return 2
     return int(cfg.get("virtual_stages")) if cfg.schedule == "interleaved" else 1
 
 
@@ -304,6 +377,8 @@ def check(net: nn.Module, cfg: TrainConfig) -> None:
                 f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
                 f"use --pp {len(layers)} or fewer"
             )
+        if cfg.get("schedule") in V_SHAPED:
+            check_layers(cfg.get("schedule"), cfg.pp, len(layers))
         chunks = cfg.pp * virtual_stages(cfg)
         if chunks > len(layers):
             raise ValueError(

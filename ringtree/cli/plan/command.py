@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from ringtree import dtypes
 from ringtree.cli.app import app
 from ringtree.cli.output import check_output
@@ -28,11 +30,14 @@ from ringtree.cli.plan.cluster import (
     ClusterOptions,
     refuse,
 )
+from ringtree.cli.plan.lowcomm import SyncOptions, sync_options
 from ringtree.cli.plan.moe import MoeOptions, moe_options
+from ringtree.cli.plan.presets import resolve
 
 
 @app.command()
 @moe_options
+@sync_options
 def plan(
     model: str | None = tf.MODEL_NAME,
     layers: int | None = tf.LAYERS,
@@ -93,14 +98,19 @@ def plan(
     json_path: Path | None = JSON_PATH,
     plot: Path | None = PLOT,
     moe: MoeOptions = MoeOptions(),  # the options of ringtree.cli.plan.moe
+    sync: SyncOptions = SyncOptions(),  # the options of ringtree.cli.plan.lowcomm
 ) -> None:
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
-    from ringtree.sim.training.plan import MODELS
     from ringtree.sim.training.transformer import MODELS as TRANSFORMERS
 
     check_output(json_path, "--json")
     check_output(plot, "--plot")
+    if model is not None:
+        try:
+            model = resolve(model)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     dtype, grad_dtype = dtypes.short(dtype), None if grad_dtype is None else dtypes.short(grad_dtype)
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(
@@ -128,7 +138,7 @@ def plan(
                  "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []
-        refuse(named, "--from-trace (the step comes from the trace)")
+        refuse(named + sync.given(), "--from-trace (the step comes from the trace)")
         return trace_scaling.run(from_trace, links, algorithm, json_path, run_gpus_per_node)
     if from_run is not None:
         given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
@@ -140,10 +150,11 @@ def plan(
                  "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []  # the MoE options among them
-        refuse(named, "--from-run (the step comes from the run)")
+        refuse(named + sync.given(), "--from-run (the step comes from the run)")
         return run_scaling.run(from_run, links, algorithm, json_path, plot)
     dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
-    only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
+    # a transformer preset with --compute-time or --measure: its parameter count, data-parallel planner
+    only = model == "transformer" or transformer_only or (model in TRANSFORMERS and not dp_inputs)
     transformer = only or (model in TRANSFORMERS and not dp_inputs)
     if transformer and dp_inputs:
         refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")
@@ -170,10 +181,10 @@ def plan(
                   "last_stage_layers": last_stage_layers}  # fmt: skip
         return tf.run(
             model, {**dims, **moe.model_dims()}, global_batch, micro_batch or 1, layout, dtype, recompute,
-            overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe, plot,
+            overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe, plot, sync,
         )  # fmt: skip
     return dp.run(
         model, params, module, compute_time, measure, input_shape, grad_dtype, compression, overlap,
         bucket_mb, accumulate, batch_size, pp, micro_batches, schedule, activation_mb, tp, shape, links,
-        algorithm, json_path, plot,
+        algorithm, json_path, plot, sync,
     )  # fmt: skip

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringtree.schedules.pipeline import MIN_MICRO_BATCHES_PER_STAGE, SCHEDULES, ZERO_BUBBLE, check_layers
 from ringtree.sim.training.eager import ELEMENTWISE
 from ringtree.sim.training.fp8 import RECIPES
 from ringtree.sim.training.plan import Layout
@@ -95,10 +96,13 @@ class Training:
             raise ValueError(f"unknown --recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
         if self.dtype not in ("fp16", "bf16", "fp8"):
             raise ValueError(f"unknown --dtype {self.dtype!r}; choose fp16, bf16 or fp8")
-        if min(self.global_batch, self.micro_batch, self.tp, self.pp, self.cp, self.virtual_stages) < 1:
-            raise ValueError(
-                "--global-batch, --micro-batch, --tp, --pp, --cp and --virtual-stages must be at least 1"
-            )
+        counts = {"--global-batch": self.global_batch, "--micro-batch": self.micro_batch, "--tp": self.tp,
+                  "--pp": self.pp, "--cp": self.cp, "--virtual-stages": self.virtual_stages}  # fmt: skip
+        for flag, value in counts.items():
+            if value < 1:
+                raise ValueError(f"{flag} must be at least 1, got {value}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown --schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(
                 f"unknown --attention-kernel {self.attention_kernel!r}; choose "
@@ -270,6 +274,15 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
         )
     if model.layers < p:
         raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")
+    if not run.uneven and not _splits(model.layers, p):
+        middle = -(-model.layers // p)
+        fitting = _ranges([q for q in range(1, model.layers + 1) if _splits(model.layers, q)])
+        raise ValueError(
+            f"--pp {p} cannot split the {model.layers} layers: {middle} on each of the {p - 2} middle "
+            f"stages is {middle * (p - 2)}; choose --pp among {fitting}, or place the layers with --pp-layout"
+        )
+    if run.schedule in ZERO_BUBBLE and p > 1:
+        check_layers(run.schedule, p, model.layers, "--layers")
     dp = run.layout.dp(ranks)
     if run.shard_group and dp % run.shard_group:
         raise ValueError(
@@ -278,12 +291,35 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
         )
     _check_experts(model, run, dp)
     m = run.micro_batches(dp)
+    least = MIN_MICRO_BATCHES_PER_STAGE.get(run.schedule, 0) * p
+    if p > 1 and m < least:
+        raise ValueError(
+            f"--schedule {run.schedule} on --pp {p} needs at least {least} micro-batches per pipeline, got "
+            f"{m} (--global-batch {run.global_batch} / (dp {dp} x --micro-batch {run.micro_batch})); use "
+            f"--global-batch {least * dp * run.micro_batch}"
+        )
     if v > 1 and m % p:
         raise ValueError(
             f"--virtual-stages needs the {m} micro-batches per pipeline to be a multiple of --pp {p}; "
             "change --global-batch or --micro-batch"
         )
     return dp
+
+
+def _splits(layers: int, p: int) -> bool:
+    """Whether `memory.stage_layers` can split the layers over p stages (ceil(l/p) on each middle one)."""
+    return layers - (p - 2) * -(-layers // p) >= 0
+
+
+def _ranges(values: list[int]) -> str:
+    """[1, 2, 3, 5, 6] -> '1-3, 5-6'."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def _check_experts(model: Transformer, run: Training, dp: int) -> None:
