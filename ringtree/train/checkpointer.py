@@ -358,8 +358,10 @@ def _check_fresh(folder: Path) -> None:
 
 
 def _check_model_name(where: str, held: str | None, name: str) -> None:
-    """The sentence the workers would say (resume), said once by the launcher."""
-    if held is not None and held != name:
+    """The sentence the workers would say (resume), said once by the launcher. A user's factory
+    (pkg.mod:factory) is judged by its tensors instead: the library records a model by its class
+    name, the command line by the factory's, and either may have saved the checkpoint."""
+    if held is not None and held != name and ":" not in name:
         raise ValueError(
             f"the checkpoint {where} holds model {held!r}, not {name!r}; "
             f"pass --model {held} or another --checkpoint-dir"
