@@ -328,6 +328,15 @@ OUTPUTS: dict[str, Output] = {
                 "[checkpoints](../checkpoints.md)); null without `--checkpoint-dir`"
             ),
             "distilled_from": "the teacher's checkpoint; else null",
+            "sync": "how the replicas synchronised: ddp, local-sgd, diloco or streaming-diloco",
+            "replicas": "replica groups (DDP inside each; 1 under `--sync ddp`: the whole world)",
+            "inner_steps": "optimizer steps between two synchronisations of a fragment (1 under ddp)",
+            "outer_syncs": "outer synchronisations applied (fragments, under streaming-diloco); else null",
+            "inter_node_bytes_per_step": (
+                "bytes one rank sent to ranks on other nodes, averaged per step, the largest rank's: DDP's "
+                "bucket schedules (`native` counted as the ring) plus the outer averages; null with `--zero`"
+            ),
+            "outer_comm_exposed_s": "seconds per step the training waited for the outer averages; else null",
             "bubble_fraction": "under `--pp`: measured idle fraction of the pipeline",
             "theoretical_bubble_fraction": "under `--pp`: the schedule's (p-1)/(m+p-1) or its own",
             "peak_activation_bytes_per_stage": "under `--pp`: activations held at the peak, per stage",
