@@ -134,3 +134,19 @@ BAD = [
 @pytest.mark.parametrize(("args", "fragment"), BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_sync_input_exits_2_naming_the_flag(tmp_path: Path, args: list[str], fragment: str) -> None:
     _exits_2(tmp_path, ["train", *args], fragment)
+
+
+def hierarchical(rank: int) -> dict[str, Any]:
+    """2 nodes of 2 ranks: DDP inside each node's replica, DiLoCo across (6 steps, H = 3)."""
+    return fit(replace(BASE, sync="diloco", inner_steps=3))
+
+
+@pytest.mark.slow  # four ranks on a loaded 2-core host: about 20-40 s
+def test_ddp_inside_each_node_diloco_across() -> None:
+    runs = spawn(hierarchical, 4, timeout_s=300, local_world_size=2)
+    assert runs[0]["replicas"] == 2 and runs[0]["outer_syncs"] == 2 and runs[0]["steps"] == 6
+    for run in runs[1:]:  # step 6 ends a sync: every rank holds the global copy
+        assert torch.equal(run["params"], runs[0]["params"])
+    # DDP stays inside the node; each rank of a replica averages half the model across the nodes
+    half = -(-PARAMS // 2)
+    assert runs[0]["inter_node_bytes_per_step"] == pytest.approx(4 * half * 2 / 6)

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ringtree import comm
 from ringtree.comm import CollectiveError
 from ringtree.comm.collectives import DEFAULT_TIMEOUT_S
 from ringtree.parallel import outer_codec
@@ -54,6 +55,7 @@ class DiLoCo:
         merge_alpha: float = 0.0,
         outer_dtype: str = "fp32",
         group: dist.ProcessGroup | None = None,
+        shard_group: dist.ProcessGroup | None = None,
         algorithm: str = "ring",
         fragment_layout: str = "strided",
         backup_device: str | torch.device = "cpu",
@@ -69,6 +71,7 @@ class DiLoCo:
         self.model, self.inner, self.outer = model, inner_optimizer, outer_optimizer
         self.merge_alpha, self.outer_dtype, self.group = merge_alpha, outer_dtype, group
         self.algorithm, self.timeout_s = algorithm, timeout_s
+        self.shard_group = shard_group  # this replica's ranks: each averages 1/B of every bucket
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets = [OuterBuckets(part, backup_device, bucket_cap_mb) for part in parts]
         self.globals = {id(p): g for b in self.buckets for p, g in zip(b.params, b.globals, strict=True)}
@@ -116,11 +119,33 @@ class DiLoCo:
         start = time.perf_counter()
         with buckets.on_wire(self._wire_device) as flats:
             for flat in flats:
-                self.bytes_sent += outer_codec.average(
-                    flat, self.outer_dtype, self.group, self.algorithm, self.timeout_s
-                )
+                self._average(flat)
                 self.calls += 1
         self.comm_s += time.perf_counter() - start
+
+    def _average(self, flat: torch.Tensor) -> None:
+        """Average `flat` over the replicas; with a shard group of B ranks (a replica's, all holding
+        the same `flat`), rank b averages slice b only and the replica all-gathers the slices, so
+        the slow link carries the model once per replica, not once per rank."""
+        b = 1 if self.shard_group is None else dist.get_world_size(self.shard_group)
+        if b == 1:
+            self.bytes_sent += outer_codec.average(
+                flat, self.outer_dtype, self.group, self.algorithm, self.timeout_s
+            )
+            return
+        m = -(-flat.numel() // b)  # elements per slice (the last one padded)
+        padded = torch.zeros(b * m, dtype=flat.dtype, device=flat.device)
+        padded[: flat.numel()] = flat
+        mine = padded[dist.get_rank(self.shard_group) * m :][:m]  # (m,) this rank's slice
+        self.bytes_sent += outer_codec.average(
+            mine, self.outer_dtype, self.group, self.algorithm, self.timeout_s
+        )
+        gathered = torch.empty_like(padded)
+        gather = self.algorithm if self.algorithm in comm.algorithms("all_gather") else "ring"
+        comm.all_gather(
+            gathered, mine.clone(), gather, self.shard_group, timeout_s=self.timeout_s, validate=False
+        )
+        flat.copy_(gathered[: flat.numel()])
 
     def _wait(self, sync: OuterSync) -> None:
         if self._inflight is None:

@@ -58,13 +58,16 @@ def layout(shape: MeshShape, replicas: int) -> ReplicaLayout:
 
 @dataclass
 class ReplicaGroups:
-    """This rank's replica-local DP x CP group (DDP's) and its outer group (the outer average's)."""
+    """This rank's replica-local DP x CP group (DDP's), its outer group (the outer average's), and a
+    second group of the inner ranks that gathers the outer average's slices (a group of its own: it
+    may run on DiLoCo's thread while DDP uses the first)."""
 
     layout: ReplicaLayout
     inner_ranks: list[int]
     inner: dist.ProcessGroup
     outer_ranks: list[int]
     outer: dist.ProcessGroup
+    gather: dist.ProcessGroup
 
 
 def split(mesh: Mesh, replicas: int) -> ReplicaGroups:
@@ -74,10 +77,11 @@ def split(mesh: Mesh, replicas: int) -> ReplicaGroups:
     rank = dist.get_rank()
     inner_ranks, inner = _mine(made.inner, rank)
     outer_ranks, outer = _mine(made.outer, rank)
+    _, gather = _mine(made.inner, rank)
     mesh.dp_cp_ranks, mesh.dp_cp_group = inner_ranks, inner
     if mesh.cp == 1:
         mesh.dp_ranks, mesh.dp_group = inner_ranks, inner
-    return ReplicaGroups(made, inner_ranks, inner, outer_ranks, outer)
+    return ReplicaGroups(made, inner_ranks, inner, outer_ranks, outer, gather)
 
 
 def _mine(groups: list[list[int]], rank: int) -> tuple[list[int], dist.ProcessGroup]:

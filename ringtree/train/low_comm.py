@@ -67,6 +67,7 @@ def attach(
         merge_alpha=cfg.get("merge_alpha"),
         outer_dtype=cfg.get("outer_dtype"),
         group=made.outer,
+        shard_group=made.gather,
         algorithm=algorithm,
         timeout_s=timeout,
     )
