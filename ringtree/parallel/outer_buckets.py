@@ -91,6 +91,7 @@ class OuterBuckets:
         if device is None:
             yield self.flats
             return
+        torch.cuda.set_device(device)  # this may be DiLoCo's thread, whose current device is cuda:0
         stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         with torch.cuda.stream(stream):
             moved = [f.to(device, non_blocking=True) for f in self.flats]
