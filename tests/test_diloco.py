@@ -269,8 +269,42 @@ def case_local_sgd(rank: int) -> Result:
     return {"ours": flat(model.parameters()), "torch": flat(ref.parameters()), "syncs": local.outer_syncs}
 
 
+def case_overlap(rank: int) -> Result:
+    """T = 1: the fragment's average runs on DiLoCo's thread while the next inner step runs."""
+    import threading
+
+    from ringtree.parallel import diloco as diloco_module
+
+    model = scalars(2)
+    inner = torch.optim.SGD(model.parameters(), lr=ETA)
+    released = threading.Event()
+    seen: list[tuple[str, bool]] = []
+    average = diloco_module.outer_codec.average
+
+    def waits_for_the_next_step(*args: Any) -> int:
+        seen.append((threading.current_thread().name, released.wait(timeout=10)))
+        return average(*args)
+
+    diloco_module.outer_codec.average = waits_for_the_next_step  # type: ignore[assignment]
+    try:
+        with DiLoCo(
+            model, inner, torch.optim.SGD(model.parameters(), lr=1.0), 4, fragments=2, overlap_steps=1
+        ):
+            for t in range(1, 5):
+                sum(p.sum() for p in model.parameters()).backward()
+                inner.step()
+                if t in (1, 3):  # the fragment sent after this step is averaging in the background
+                    released.set()
+                else:
+                    released.clear()
+    finally:
+        diloco_module.outer_codec.average = average
+    return {"seen": seen}
+
+
 def world(rank: int) -> Result:
     out = {
+        "overlap": case_overlap(rank),
         "golden_sgd": case_golden(rank, False),
         "golden_nesterov": case_golden(rank, True),
         "averaging": case_averaging(rank),
@@ -412,6 +446,13 @@ def test_local_sgd_matches_torch_s_periodic_model_averager() -> None:
     for result in results():
         torch.testing.assert_close(result["local_sgd"]["ours"], result["local_sgd"]["torch"])
         assert result["local_sgd"]["syncs"] == 3  # after steps k = 1, 3, 5 (warm-up 1, period 2)
+
+
+def test_an_overlapped_fragment_averages_behind_the_next_inner_step() -> None:
+    for result in results():
+        seen = result["overlap"]["seen"]
+        assert len(seen) == 2  # fragments 0 and 1, one bucket each
+        assert all(name.startswith("ringtree-diloco") and released for name, released in seen), seen
 
 
 def test_outer_schedule_as_data() -> None:
