@@ -41,7 +41,11 @@ from ringtree.schedules.outer import OuterSchedule, OuterSync, check, split_laye
 
 
 class DiLoCo:
-    """Hooks `inner_optimizer.step()`; see the module's docstring. Use as a context manager or close()."""
+    """Replicas train `sync_every` steps alone; an outer optimizer then steps a global copy with their
+    averaged pseudo-gradient (one fragment at a time, optionally overlapped and quantised).
+
+    Hooks `inner_optimizer.step()` (see the module's docstring); a context manager, or call close().
+    """
 
     def __init__(
         self,

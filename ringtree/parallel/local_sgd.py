@@ -28,7 +28,8 @@ from ringtree.parallel.buckets import MB
 
 
 class LocalSGD:
-    """Hooks `optimizer.step()`; see the module's docstring. Use as a context manager or close()."""
+    """Replicas step alone and average their parameters every `sync_every` steps (torch's averager's
+    schedule). Hooks `optimizer.step()`; a context manager, or call close()."""
 
     def __init__(
         self,

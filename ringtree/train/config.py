@@ -884,7 +884,6 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "--prefetch": {"prefetch": True},
     "--teacher": {"teacher": "ck"},
     "--zero 3": {"zero": 3},
-    "--sync diloco": {"sync": "diloco"},
 }
 
 
