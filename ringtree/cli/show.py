@@ -23,7 +23,7 @@ def show(
         ...,
         help="A collective algorithm (ring, double_tree, ...), an all-to-all (pairwise, bruck, linear, "
         "hierarchical-a2a), a pipeline (gpipe, 1f1b, pipedream), a ZeRO step (zero1, zero2, zero3) "
-        "ring-attention (context parallelism) or diloco (local training, outer syncs).",
+        ", ring-attention (context parallelism) or diloco (local training, outer syncs).",
     ),
     collective: str | None = typer.Option(
         None, help="all_reduce (default), reduce_scatter, all_gather, broadcast, reduce or all_to_all."
