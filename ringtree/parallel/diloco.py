@@ -89,7 +89,26 @@ class DiLoCo:
         self._wire_device = _wire_device(group, params)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringtree-diloco")
         self._inflight: tuple[OuterSync, Future[None]] | None = None
+        self._agree(len(params))
         self._hook = inner_optimizer.register_step_post_hook(self._after_inner_step)
+
+    def _agree(self, n_params: int) -> None:
+        """Check every replica built the same schedule, and open the outer collectives' connections
+        now (gloo connects a group's peers on first use: on a slow link, seconds of the first sync)."""
+        mine = [self.schedule.sync_every, self.schedule.fragments, self.schedule.overlap_steps, n_params]
+        mine.append(outer_codec.OUTER_DTYPES.index(self.outer_dtype))
+        device = self._wire_device or torch.device("cpu")
+        low, high = (torch.tensor(mine, dtype=torch.float64, device=device) for _ in range(2))
+        comm.all_reduce(low, "min", self.algorithm, self.group, timeout_s=self.timeout_s)
+        comm.all_reduce(high, "max", self.algorithm, self.group, timeout_s=self.timeout_s)
+        if not torch.equal(low, high):
+            names = ("sync_every", "fragments", "overlap_steps", "trainable parameters", "outer_dtype")
+            odd = [n for n, a, b in zip(names, low.tolist(), high.tolist(), strict=True) if a != b]
+            raise ValueError(
+                f"the replicas built DiLoCo with different {', '.join(odd)}; give every rank the same"
+            )
+        self._average(torch.zeros(outer_codec.BLOCK, device=device))  # the wire path, once
+        self.bytes_sent = 0
 
     # -- the hook ----------------------------------------------------------------------------
 
@@ -222,6 +241,17 @@ class DiLoCo:
         if due is not None:
             for f, s in zip(self.buckets[due.fragment].flats, state["pending"], strict=True):
                 f.copy_(s)
+
+    def adopt_global(self) -> None:
+        """Every fragment takes its global copy (the outer parameters, which Streaming DiLoCo
+        evaluates), so that all replicas hold the same model; a synchronisation in flight is
+        applied first. What the end of training does; the local steps since each fragment's last
+        synchronisation are dropped."""
+        due = self._due()
+        if due is not None:
+            self._apply(due)
+        for buckets in self.buckets:
+            buckets.load_globals(0.0)
 
     def close(self) -> None:
         """Remove the hook; an all-reduce still in flight is waited for."""

@@ -52,11 +52,25 @@ class LocalSGD:
         self.algorithm, self.timeout_s = algorithm, timeout_s
         self.buckets = _buckets(self.params, bucket_cap_mb)
         self.step = 0  # steps counted, skipped ones included: torch's averager's counter
+        self._averaged_at = -1  # the step count after which the parameters were last averaged
         self.outer_syncs = 0
         self.bytes_sent = 0
         self.comm_s = 0.0
         self.calls = 0
+        self._warm_up()
         self._hook = optimizer.register_step_post_hook(self._after_step)
+
+    def _warm_up(self) -> None:
+        """Open the group's connections now (gloo connects peers on first use), checking on the way
+        that every replica has the same schedule."""
+        mine = torch.tensor([float(self.sync_every), float(self.warmup_steps), float(len(self.params))])
+        low, high = mine.clone(), mine.clone()
+        comm.all_reduce(low, "min", self.algorithm, self.group, timeout_s=self.timeout_s)
+        comm.all_reduce(high, "max", self.algorithm, self.group, timeout_s=self.timeout_s)
+        if not torch.equal(low, high):
+            raise ValueError(
+                "the replicas built LocalSGD with different sync_every, warmup_steps or parameters"
+            )
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.skip_step()
@@ -85,6 +99,13 @@ class LocalSGD:
             self.calls += 1
         self.comm_s += time.perf_counter() - start
         self.outer_syncs += 1
+        self._averaged_at = self.step
+
+    def adopt_global(self) -> None:
+        """Average now unless the last step did, so that every replica holds the same model (what
+        the end of training does)."""
+        if self._averaged_at != self.step:
+            self.average()
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "outer_syncs": self.outer_syncs}

@@ -510,8 +510,9 @@ class _Run:
             self.pipe.ddp.close()  # ZeRO: the whole trained parameters back in the model
         if isinstance(self.model, DistributedDataParallel | ShardedDataParallel):
             self.model.close()
-        if self.outer is not None:
-            self.outer.close()  # an outer all-reduce still in flight is waited for
+        if self.outer is not None:  # every replica ends with the same model: the global copy
+            self.outer.adopt_global()
+            self.outer.close()
         if self.pipe is not None:
             gather_stages(self.pipe.stages, mesh.pp_rank, mesh.pp_group)
         accuracy, test_loss = evaluate(self.net, self.t.test_set, self.t.loss_fn, self.device)
