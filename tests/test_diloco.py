@@ -302,8 +302,22 @@ def case_overlap(rank: int) -> Result:
     return {"seen": seen}
 
 
+def case_synchronize(rank: int) -> Result:
+    """Constant gradients, H = 3, 4 steps, then synchronize(): one more outer step on step 4's Delta."""
+    model = scalars(2)
+    inner = torch.optim.SGD(model.parameters(), lr=ETA)
+    with DiLoCo(model, inner, torch.optim.SGD(model.parameters(), lr=0.5), sync_every=3) as diloco:
+        for _ in range(4):
+            inner.zero_grad()
+            sum(g * p.sum() for g, p in zip(GRADS[rank], model.parameters(), strict=True)).backward()
+            inner.step()
+        diloco.synchronize()
+    return {"weights": weights(model), "syncs": diloco.outer_syncs}
+
+
 def world(rank: int) -> Result:
     out = {
+        "synchronize": case_synchronize(rank),
         "overlap": case_overlap(rank),
         "golden_sgd": case_golden(rank, False),
         "golden_nesterov": case_golden(rank, True),
@@ -359,6 +373,14 @@ def test_golden_constant_gradients_follow_the_closed_form(nesterov: bool) -> Non
         got = [w for step in result[name]["trace"] for w in step]
         want = [w for step in expected_golden(rank, nesterov) for w in step]
         assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_synchronize_ends_every_replica_on_the_outer_parameters() -> None:
+    mean = [sum(GRADS[r][layer] for r in range(P)) / P for layer in range(2)]
+    want = [1 - 0.5 * 3 * ETA * g - 0.5 * ETA * g for g in mean]  # the round of H = 3, then step 4's
+    for result in results():
+        assert result["synchronize"]["weights"] == pytest.approx(want, abs=1e-6)
+        assert result["synchronize"]["syncs"] == 2
 
 
 def test_outer_lr_1_without_momentum_is_parameter_averaging() -> None:

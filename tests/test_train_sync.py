@@ -76,7 +76,7 @@ def test_summary_keys_for_every_sync(tmp_path_factory: pytest.TempPathFactory) -
     assert (local["sync"], local["replicas"], local["inner_steps"]) == ("local-sgd", 2, 4)
     assert local["outer_syncs"] == 4  # torch's averager: after steps k = 0, 4, 8 (of 0..9), and the end
     assert (diloco["sync"], diloco["outer_syncs"], diloco["steps"]) == ("diloco", 2, 10)
-    assert streaming["outer_syncs"] == 5  # one fragment every H/F = 2 steps
+    assert streaming["outer_syncs"] == 6  # one fragment every H/F = 2 steps, fragment 0 at the end
     assert diloco["outer_comm_exposed_s"] >= 0
 
 

@@ -189,12 +189,14 @@ class DiLoCo:
     def _apply(self, sync: OuterSync) -> None:
         """Outer step of the fragment's global copy, then the fragment continues from it."""
         self._wait(sync)
-        buckets = self.buckets[sync.fragment]
+        self._outer_step(self.buckets[sync.fragment], self.merge_alpha)
+
+    def _outer_step(self, buckets: OuterBuckets, merge_alpha: float) -> None:
         for g in self.globals.values():
-            g.grad = None
+            g.grad = None  # the outer optimizer skips the other fragments' copies
         buckets.set_outer_gradients()
         self.outer.step()
-        buckets.load_globals(self.merge_alpha)
+        buckets.load_globals(merge_alpha)
         self.outer_syncs += 1
 
     # -- state -------------------------------------------------------------------------------
@@ -242,16 +244,24 @@ class DiLoCo:
             for f, s in zip(self.buckets[due.fragment].flats, state["pending"], strict=True):
                 f.copy_(s)
 
-    def adopt_global(self) -> None:
-        """Every fragment takes its global copy (the outer parameters, which Streaming DiLoCo
-        evaluates), so that all replicas hold the same model; a synchronisation in flight is
-        applied first. What the end of training does; the local steps since each fragment's last
-        synchronisation are dropped."""
+    def synchronize(self) -> None:
+        """Synchronise every fragment now (an outer step on what the replicas learned since its last
+        synchronisation; a fragment that synchronised at this very step just takes its global
+        copy), so that every replica holds the same model, the outer parameters. What the end of
+        training does; a synchronisation in flight is applied first."""
         due = self._due()
         if due is not None:
             self._apply(due)
-        for buckets in self.buckets:
-            buckets.load_globals(0.0)
+        just = self.schedule.ending(self.step)
+        for f, buckets in enumerate(self.buckets):
+            if just is not None and just.fragment == f:
+                buckets.load_globals(0.0)
+                continue
+            buckets.pseudo_gradient()
+            start = time.perf_counter()
+            self._reduce(buckets)
+            self.exposed_s += time.perf_counter() - start
+            self._outer_step(buckets, 0.0)
 
     def close(self) -> None:
         """Remove the hook; an all-reduce still in flight is waited for."""

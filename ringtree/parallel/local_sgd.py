@@ -101,7 +101,7 @@ class LocalSGD:
         self.outer_syncs += 1
         self._averaged_at = self.step
 
-    def adopt_global(self) -> None:
+    def synchronize(self) -> None:
         """Average now unless the last step did, so that every replica holds the same model (what
         the end of training does)."""
         if self._averaged_at != self.step:

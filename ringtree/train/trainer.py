@@ -510,8 +510,8 @@ class _Run:
             self.pipe.ddp.close()  # ZeRO: the whole trained parameters back in the model
         if isinstance(self.model, DistributedDataParallel | ShardedDataParallel):
             self.model.close()
-        if self.outer is not None:  # every replica ends with the same model: the global copy
-            self.outer.adopt_global()
+        if self.outer is not None:  # every replica ends with the same model: one last synchronisation
+            self.outer.synchronize()
             self.outer.close()
         if self.pipe is not None:
             gather_stages(self.pipe.stages, mesh.pp_rank, mesh.pp_group)
