@@ -78,13 +78,15 @@ OUTPUTS: dict[str, Output] = {
         },
     ),
     "show-pipeline": Output(
-        "ringtree show gpipe|1f1b|interleaved|pipedream --json FILE",
+        "ringtree show gpipe|1f1b|interleaved|pipedream|zb-h1|zb-h2|zb-v|dualpipev --json FILE",
         "one object: the pipeline schedule's timeline",
         {
-            "schedule": "gpipe, 1f1b, interleaved, pipedream or pipedream-vs",
+            "schedule": "gpipe, 1f1b, interleaved, pipedream, pipedream-vs, zb-h1, zb-h2, zb-v or dualpipev",
             "stages": "pipeline stages (p)",
             "micro_batches": "micro-batches (m)",
-            "virtual_stages": "chunks per stage (V; 1 but for interleaved)",
+            "virtual_stages": "chunks per stage (V; 1 but for interleaved, 2 for zb-v and dualpipev)",
+            "placement": "loop (chunk c of stage j is c p + j) or v (stage j holds chunks j and 2p-1-j)",
+            "splits_backward": "whether the backward is B (input gradient) then W (weight gradient)",
             "bubble_fraction": "idle share of the stages' slots",
             "theoretical_bubble_fraction": "(p-1)/(m+p-1), or the schedule's own",
             "activations_in_flight": "per stage, the most micro-batches whose activations it keeps",
@@ -94,7 +96,7 @@ OUTPUTS: dict[str, Output] = {
             "steps[].step": "the slot",
             "steps[].stages": "every stage's work in it",
             "steps[].stages[].stage": "the stage",
-            "steps[].stages[].op": "forward, backward or idle",
+            "steps[].stages[].op": "forward, backward (B alone when split), weight (W) or idle",
             "steps[].stages[].micro_batch": "the micro-batch (null when idle)",
             "steps[].stages[].version": "the weight version used (null when idle)",
         },
@@ -432,6 +434,14 @@ OUTPUTS: dict[str, Output] = {
             "links[].after_idle_gbps": "measured rate after an idle pause (a full token bucket), Gbit/s",
             "links[].latency_us": "one small message's round trip / 2, microseconds",
             "command": "the command the nodes ran",
+            "link_bytes": (
+                "every node's interface during the job (the link probe excluded), from the kernel's counters"
+            ),
+            "link_bytes[].node": "the node",
+            "link_bytes[].sent": (
+                "bytes its interface sent to other nodes: frames with headers, retransmissions included"
+            ),
+            "link_bytes[].received": "bytes its interface received from other nodes",
             "exit_code": "the job's exit code (the command's own, e.g. doctor's 1)",
         },
     ),
@@ -466,6 +476,91 @@ OUTPUTS: dict[str, Output] = {
             "suspects[].kind": "link or compute",
             "suspects[].measured": "what was measured (Gbit/s or GFLOP/s)",
             "suspects[].expected": "what was expected, same unit",
+        },
+    ),
+    "plan-sync": Output(
+        "ringtree plan ... --sync METHOD [--sweep bandwidth] --json FILE",
+        "the keys of `plan` or `plan-dp`, and",
+        {
+            "sync_model": (
+                "which planner's step the methods price: the data-parallel formula or the transformer"
+            ),
+            "sync": "the `--sync` method's row (the keys of `syncs[]`)",
+            "sync.sync": "the method: ddp, powersgd, local-sgd, diloco or streaming-diloco",
+            "sync.powersgd_rank": "PowerSGD's rank (null for the other methods)",
+            "sync.inner_steps": "inner steps H between syncs (local SGD, DiLoCo; else null)",
+            "sync.fragments": "Streaming DiLoCo's fragments F (else null)",
+            "sync.overlap_steps": (
+                "inner steps T a fragment's all-reduce runs behind (Streaming DiLoCo; else null)"
+            ),
+            "sync.outer_dtype": "the outer all-reduce's dtype (local SGD, DiLoCo; else null)",
+            "sync.replicas": "replica groups (1 for ddp and powersgd)",
+            "sync.step_s": "the mean step: the inner step plus the outer sync left exposed, per step",
+            "sync.inner_step_s": "one step inside a replica group (DDP or PowerSGD: the whole step)",
+            "sync.outer_sync_s": (
+                "one outer all-reduce between the replica groups (one fragment's); 0 for ddp and powersgd"
+            ),
+            "sync.outer_comm_exposed_s": "the outer all-reduce left exposed, averaged per step",
+            "sync.dp_comm_s": (
+                "the every-step gradient reduction left exposed (DDP inside a replica group, or PowerSGD's)"
+            ),
+            "sync.slow_link_bytes_per_step": (
+                "bytes one node sends to the others per step, averaged (on one node: one rank)"
+            ),
+            "sync.peak_sync_bytes": "the largest single sync's bytes over that link",
+            "sync.peak_bandwidth_gbps": (
+                "those bytes over the compute time they may take (T inner steps, at least one), Gbit/s"
+            ),
+            "sync.compute_utilisation": "the step with no data-parallel communication over `step_s`",
+            "sync.samples_per_s": "samples per second, all replicas",
+            "syncs": "every method's row, with the same words, DDP first",
+            "syncs[].sync": "the method: ddp, powersgd, local-sgd, diloco or streaming-diloco",
+            "syncs[].powersgd_rank": "PowerSGD's rank (null for the other methods)",
+            "syncs[].inner_steps": "inner steps H between syncs (local SGD, DiLoCo; else null)",
+            "syncs[].fragments": "Streaming DiLoCo's fragments F (else null)",
+            "syncs[].overlap_steps": (
+                "inner steps T a fragment's all-reduce runs behind (Streaming DiLoCo; else null)"
+            ),
+            "syncs[].outer_dtype": "the outer all-reduce's dtype (local SGD, DiLoCo; else null)",
+            "syncs[].replicas": "replica groups (1 for ddp and powersgd)",
+            "syncs[].step_s": "the mean step: the inner step plus the outer sync left exposed, per step",
+            "syncs[].inner_step_s": "one step inside a replica group (DDP or PowerSGD: the whole step)",
+            "syncs[].outer_sync_s": (
+                "one outer all-reduce between the replica groups (one fragment's); 0 for ddp and powersgd"
+            ),
+            "syncs[].outer_comm_exposed_s": "the outer all-reduce left exposed, averaged per step",
+            "syncs[].dp_comm_s": (
+                "the every-step gradient reduction left exposed (DDP inside a replica group, or PowerSGD's)"
+            ),
+            "syncs[].slow_link_bytes_per_step": (
+                "bytes one node sends to the others per step, averaged (on one node: one rank)"
+            ),
+            "syncs[].peak_sync_bytes": "the largest single sync's bytes over that link",
+            "syncs[].peak_bandwidth_gbps": (
+                "those bytes over the compute time they may take (T inner steps, at least one), Gbit/s"
+            ),
+            "syncs[].compute_utilisation": "the step with no data-parallel communication over `step_s`",
+            "syncs[].samples_per_s": "samples per second, all replicas",
+            "sync_recommendation": (
+                "whether the method pays off against DDP's all-reduce, why, and the convergence caveat"
+            ),
+            "sweep": "with `--sweep bandwidth`: per method, the bandwidth each compute utilisation needs",
+            "sweep_algorithm": (
+                "the all-reduce the sweep prices with: the plan's, or for `native` (NCCL's model, fitted "
+                "at data-centre bandwidths) `hierarchical`"
+            ),
+            "sweep[].sync": "the method: ddp, powersgd, local-sgd, diloco or streaming-diloco",
+            "sweep[].powersgd_rank": "PowerSGD's rank (null for the other methods)",
+            "sweep[].inner_steps": "inner steps H between syncs (local SGD, DiLoCo; else null)",
+            "sweep[].fragments": "Streaming DiLoCo's fragments F (else null)",
+            "sweep[].overlap_steps": (
+                "inner steps T a fragment's all-reduce runs behind (Streaming DiLoCo; else null)"
+            ),
+            "sweep[].outer_dtype": "the outer all-reduce's dtype (local SGD, DiLoCo; else null)",
+            "sweep[].gbps": (
+                "per compute utilisation (`50%` ... `99%`), the Gbit/s per NIC between nodes it needs; null "
+                "where the network alone cannot reach it"
+            ),
         },
     ),
     "plan-search": Output(

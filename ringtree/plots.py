@@ -89,7 +89,8 @@ def plot_scaling(nodes: list[int], curves: dict[str, list[float]], path: Path, t
 def plot_gantt(spans: list[dict[str, Any]], path: Path, title: str) -> None:
     """A pipeline's timeline: one row per stage, forwards and backwards coloured, micro-batch numbers on them.
 
-    spans: {"stage", "kind" ("forward", "backward", anything else grey), "micro_batch", "start", "end"}
+    spans: {"stage", "kind" ("forward", "backward", "weight", anything else grey), "micro_batch", "start",
+    "end"}
     with times in seconds.
     """
     import matplotlib
@@ -98,22 +99,33 @@ def plot_gantt(spans: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"forward": "tab:blue", "backward": "tab:orange"}
+    labels = {"forward": "forward", "backward": "backward"}
+    if any(s["kind"] == "weight" for s in spans):  # a split backward: B and W apart
+        colours["weight"] = "tab:green"
+        labels = {"forward": "F forward", "backward": "B input gradient", "weight": "W weight gradient"}
     origin = min((s["start"] for s in spans), default=0.0)
     stages = sorted({s["stage"] for s in spans})
     fig, ax = plt.subplots(figsize=(11, 0.6 * len(stages) + 1.6))
+    size = 7 if len(spans) <= 40 * max(1, len(stages)) else 5  # many boxes a row (two chunks): smaller labels
     for s in spans:
         left, width = (s["start"] - origin) * 1e3, (s["end"] - s["start"]) * 1e3
         ax.barh(
             s["stage"], width, left=left, color=colours.get(s["kind"], "tab:gray"), edgecolor="black", lw=0.4
         )
         if s["kind"] in colours and width > 0:
-            ax.text(left + width / 2, s["stage"], str(s["micro_batch"]), ha="center", va="center", fontsize=7)
+            ax.text(
+                left + width / 2, s["stage"], str(s["micro_batch"]), ha="center", va="center", fontsize=size
+            )
     ax.set_yticks(stages, [f"stage {j}" for j in stages])
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()])
+    handles = [Patch(color=c, label=labels[k]) for k, c in colours.items()]
+    if "weight" in colours:  # the rows run to the right edge: the legend goes outside, on the right
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    else:
+        ax.legend(handles=handles)
     ax.set_title(title, fontsize=9)
     _save(fig, path)
 

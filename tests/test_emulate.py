@@ -89,6 +89,10 @@ def test_two_node_bench_brings_rows_back_and_leaves_nothing(tmp_path: Path) -> N
     assert sorted(keys(record)) == sorted(table)  # docs/how-to/emulate-a-cluster.md's table, exactly
     (link,) = record["links"]
     assert link["configured_gbps"] == 1.0 and 0.3 < link["measured_gbps"] < 1.05  # tbf caps it
+    sent = [n["sent"] for n in record["link_bytes"]]
+    received = [n["received"] for n in record["link_bytes"]]
+    assert min(sent) > 2 * 3 * (64 << 10) // 2  # 2 algorithms x 3 all-reduces, half of 64 KiB each way
+    assert abs(sent[0] - received[1]) < 0.05 * sent[0] and abs(sent[1] - received[0]) < 0.05 * sent[1]
     assert leftovers() == ([], [])
 
 

@@ -17,8 +17,11 @@ from ringtree.comm.shm import LIVENESS_S
 from ringtree.processes import spawn
 
 
-def _files() -> list[str]:
-    return sorted(p.name for p in Path("/dev/shm").glob("ringtree-*"))
+def _files(pids: list[int] | None = None) -> list[str]:
+    """ringtree's shared-memory files (named ringtree-PID-...), only those of `pids` if given: other
+    tests' killed ranks may have left theirs."""
+    names = sorted(p.name for p in Path("/dev/shm").glob("ringtree-*"))
+    return [n for n in names if pids is None or int(n.split("-")[1]) in pids]
 
 
 def exchange(rank: int) -> dict[str, object]:
@@ -37,7 +40,9 @@ def exchange(rank: int) -> dict[str, object]:
         out["got"] = (k1, int(big.sum()), big.numel(), k0, small.tolist(), k2, later[:3].tolist())
         box.send(0, 9, torch.tensor([1, 2, 3], dtype=torch.uint8))
     dist.barrier()
-    out["left"] = _files()
+    pids: list[int] = [0, 0]
+    dist.all_gather_object(pids, os.getpid())
+    out["left"] = _files(pids)
     return out
 
 

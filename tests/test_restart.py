@@ -28,7 +28,10 @@ def _train(args: list[str], folder: Path) -> dict[str, object]:
 # (layout, samples rank 1 reads before it dies, the checkpoint the run must resume from): DP reads
 # 32 samples a step (dies in step 10, resumes at 8); DP x PP 4 micro-batches of 32 (dies in step 5,
 # resumes at 4). Checkpoints every 4 steps.
-LAYOUTS = [(["--nproc", "2"], 300, 8), (["--nproc", "4", "--pp", "2"], 600, 4)]
+LAYOUTS = [
+    (["--nproc", "2"], 300, 8),
+    pytest.param(["--nproc", "4", "--pp", "2"], 600, 4, marks=pytest.mark.slow),  # 40 s on 2 cores
+]
 
 
 @pytest.mark.parametrize(("layout", "kill_after", "resumed"), LAYOUTS, ids=["dp2", "dp2xpp2"])

@@ -22,8 +22,9 @@ def show(
     algorithm: str = typer.Argument(
         ...,
         help="A collective algorithm (ring, double_tree, ...), an all-to-all (pairwise, bruck, linear, "
-        "hierarchical-a2a), a pipeline (gpipe, 1f1b, pipedream), a ZeRO step (zero1, zero2, zero3) "
-        ", ring-attention (context parallelism) or diloco (local training, outer syncs).",
+        "hierarchical-a2a), a pipeline (gpipe, 1f1b, pipedream, zb-h1, zb-v, ...), a ZeRO step "
+        "(zero1, zero2, zero3), ring-attention (context parallelism) or diloco (local training, "
+        "outer syncs).",
     ),
     collective: str | None = typer.Option(
         None, help="all_reduce (default), reduce_scatter, all_gather, broadcast, reduce or all_to_all."
@@ -640,10 +641,12 @@ def _show_pipeline(
 def _pipeline_title(t: Any) -> str:
     s = t.schedule
     chunks = f", {s.virtual_stages} chunks a stage" if s.virtual_stages > 1 else ""
+    chunks += ", a V: stage j holds chunks j and 2p-1-j" if s.placement == "v" else ""
     unit = "a chunk's forward" if s.virtual_stages > 1 else "forward"
+    backward = "B 1, W 1" if s.splits_backward else "backward 2"
     return (
         f"{s.name}: {s.stages} stages, {s.micro_batches} micro-batches{chunks} "
-        f"({unit} 1 slot = 1 ms, backward 2, transfers free)"
+        f"({unit} 1 slot = 1 ms, {backward}, transfers free)"
     )
 
 
@@ -654,7 +657,7 @@ def _print_timeline(t: Any) -> None:
     s = t.schedule
     width = len(str(s.micro_batches - 1)) + 1 + (2 if s.virtual_stages > 1 else 0)
     console.print("ringtree show " + _pipeline_title(t).replace(" = 1 ms", ""), highlight=False)
-    styles = {"forward": "blue", "backward": "yellow", "idle": "dim"}
+    styles = {"forward": "blue", "backward": "yellow", "weight": "green", "idle": "dim"}
     for j, row in enumerate(t.slots):
         line = Text(f"stage {j}  ")
         for slot in row:
@@ -662,7 +665,11 @@ def _print_timeline(t: Any) -> None:
             label = "·" * width if slot.op == "idle" else f"{slot.op[0].upper()}{slot.micro_batch}{chunk}"
             line.append(label.ljust(width), style=styles[slot.op])
         console.print(line, soft_wrap=True)
-    legend = "F forward, B backward (two slots), · idle"
+    legend = (
+        "F forward, B input gradient, W weight gradient (one slot each), · idle"
+        if s.splits_backward
+        else "F forward, B backward (two slots), · idle"
+    )
     console.print(
         legend + ("; F3.1: micro-batch 3, chunk 1" if s.virtual_stages > 1 else ""), highlight=False
     )
@@ -677,6 +684,10 @@ def _print_timeline(t: Any) -> None:
     formula = (
         f"(p-1)/(m+p-1) = {p - 1}/{m + p - 1}" if v == 1 else f"(p-1)/(v m+p-1) = {p - 1}/{v * m + p - 1}"
     )
+    if s.splits_backward:
+        from ringtree.sim.training.pipeline import FORMULAS
+
+        formula = f"published idle per stage {FORMULAS[s.name]}, as a fraction"
     console.print(
         f"bubble fraction: {t.bubble_fraction:.3f} of stage time idle (replayed); "
         f"{formula} = {t.theoretical_bubble_fraction:.3f}",
@@ -708,6 +719,8 @@ def _pipeline_json(t: Any) -> dict[str, Any]:
         "stages": s.stages,
         "micro_batches": s.micro_batches,
         "virtual_stages": s.virtual_stages,
+        "placement": s.placement,
+        "splits_backward": s.splits_backward,
         "bubble_fraction": t.bubble_fraction,
         "theoretical_bubble_fraction": t.theoretical_bubble_fraction,
         "activations_in_flight": t.in_flight(),

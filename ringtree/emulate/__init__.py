@@ -46,9 +46,20 @@ def run(
         record["links"] = measure_links(net, spec, timeout_s) if measure and spec.nodes > 1 else []
         record["command"] = ["ringtree", *argv]
         print_header(record, out)
+        before = [network.link_bytes(node.netns) for node in net.nodes]
         code, logs, said = run_agents(net, spec, ["-m", "ringtree", *argv], timeout_s=timeout_s, stdout=out)
+        record["link_bytes"] = job_bytes(net, before)
     record["exit_code"] = code
     return Emulated(code, record, logs, said)
+
+
+def job_bytes(net: Network, before: list[tuple[int, int]]) -> list[dict[str, int]]:
+    """What each node's interface sent and received during the job (the link probe excluded)."""
+    rows = []
+    for node, (sent0, received0) in zip(net.nodes, before, strict=True):
+        sent, received = network.link_bytes(node.netns)
+        rows.append({"node": node.index, "sent": sent - sent0, "received": received - received0})
+    return rows
 
 
 def measure_links(net: Network, spec: ClusterSpec, timeout_s: float) -> list[dict[str, Any]]:

@@ -160,6 +160,15 @@ def _run(cmd: list[str]) -> str:
     return done.stdout
 
 
+def link_bytes(netns: str, dev: str = IFNAME) -> tuple[int, int]:
+    """(sent, received) bytes of a node's interface, from the kernel's own counters (every frame,
+    headers and retransmissions included): what really crossed the emulated link."""
+    import json
+
+    stats = json.loads(_run(["ip", "-n", netns, "-s", "-j", "link", "show", "dev", dev]))[0]["stats64"]
+    return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
+
 def list_netns(prefix: str = PREFIX) -> list[str]:
     """Namespaces whose names start with prefix."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout

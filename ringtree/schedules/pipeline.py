@@ -1,15 +1,22 @@
-"""Pipeline schedules as data: GPipe, 1F1B, interleaved 1F1B and asynchronous PipeDream, per stage.
+"""Pipeline schedules as data: GPipe, 1F1B, interleaved 1F1B, asynchronous PipeDream and the
+zero-bubble family (ZB-H1, ZB-H2, ZB-V, DualPipeV), per stage.
 
 Indices, used the same way everywhere: p stages, m micro-batches, j stage, i micro-batch, v weight
 version (the number of optimizer steps a stage had taken when the version was current), c model
-chunk of a stage and V chunks per stage (interleaved 1F1B: stage j holds virtual stages c p + j).
+chunk of a stage and V chunks per stage. Placement "loop" (interleaved 1F1B): stage j holds virtual
+stages c p + j. Placement "v" (ZB-V, DualPipeV; V = 2): stage j holds virtual stages j and 2p-1-j,
+so the last stage runs virtual stages p-1 and p back to back and stage 0 holds the first and the last.
 
 A schedule is, for every stage, an ordered list of actions: forward of micro-batch i, backward of
-micro-batch i, optimizer step. The transfers follow from the actions: the forward of i on stage j
-receives i's activation from stage j-1 (unless j = 0) and sends its output to j+1 (unless j is the
-last stage); the backward of i receives the gradient from j+1 and sends the input's gradient to
-j-1. Sends never block (they are buffered); receives do. `dry_run` plays the schedule with those
-rules and raises DeadlockError when no stage can move. Pure Python: no torch.
+micro-batch i, optimizer step. Schedules that split the backward (`splits_backward`) have two
+actions for it: B (Kind.BACKWARD, the gradient of the chunk's input, which the previous stage
+waits for) and W (Kind.WEIGHT, the gradient of the chunk's weights, which nobody waits for); the
+others keep Kind.BACKWARD as the whole backward. The transfers follow from the actions: the forward
+of i on virtual stage s receives i's activation from s-1 (unless s = 0) and sends its output to
+s+1 (unless s is the last); the backward (B) of i receives the gradient from s+1 and sends the
+input's gradient to s-1; W moves nothing. Sends never block (they are buffered); receives do.
+`dry_run` plays the schedule with those rules and raises DeadlockError when no stage can move.
+Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -21,8 +28,12 @@ from enum import Enum
 
 class Kind(Enum):
     FORWARD = "F"
-    BACKWARD = "B"
+    BACKWARD = "B"  # the whole backward, or B (input gradient) in a schedule that splits it
+    WEIGHT = "W"  # the weight gradient of a split backward
     STEP = "S"
+
+
+PLACEMENTS = ("loop", "v")  # how a stage's chunks map to virtual stages (module docstring)
 
 
 @dataclass(frozen=True)
@@ -59,15 +70,41 @@ class PipelineSchedule:
     stages: int
     micro_batches: int
     actions: tuple[tuple[Action, ...], ...]  # [stage j][k]
-    virtual_stages: int = 1  # V model chunks per stage (interleaved 1F1B)
+    virtual_stages: int = 1  # V model chunks per stage (interleaved 1F1B; 2 for the V placement)
+    placement: str = "loop"  # "loop": chunk c of stage j is c p + j; "v": chunks j and 2p-1-j
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+        if self.placement == "v" and self.virtual_stages != 2:
+            raise ValueError(f"the V placement holds 2 chunks a stage, not {self.virtual_stages}")
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the backward is two actions, B (input gradient) then W (weight gradient)."""
+        return any(a.kind is Kind.WEIGHT for actions in self.actions for a in actions)
 
     def describe(self, j: int) -> str:
         """Stage j's actions as text, e.g. 'F0 F1 B0 B1 S'."""
         return " ".join(str(a) for a in self.actions[j])
 
     def virtual(self, j: int, a: Action) -> int:
-        """The virtual stage c p + j that action a of stage j runs (j itself without interleaving)."""
-        return a.chunk * self.stages + j
+        """The virtual stage that action a of stage j runs: c p + j ("loop"; j itself without
+        interleaving), or j for chunk 0 and 2p-1-j for chunk 1 ("v")."""
+        return self.virtual_of(j, a.chunk)
+
+    def virtual_of(self, j: int, c: int) -> int:
+        """The virtual stage of stage j's chunk c."""
+        if self.placement == "v" and c == 1:
+            return 2 * self.stages - 1 - j
+        return c * self.stages + j
+
+    def stage_of(self, s: int) -> tuple[int, int]:
+        """(stage j, chunk c) that holds virtual stage s: the inverse of `virtual_of`."""
+        p = self.stages
+        if self.placement == "v":
+            return (s, 0) if s < p else (2 * p - 1 - s, 1)
+        return s % p, s // p
 
     def recv_of(self, j: int, a: Action) -> Transfer | None:
         """What stage j must receive before it can run action a (None: nothing)."""
@@ -204,14 +241,245 @@ def _pipedream_stage(p: int, m: int, j: int, vertical_sync: bool) -> tuple[Actio
     return tuple(actions)
 
 
+# --- the split backward: B (input gradient) then W (weight gradient) ------------------------------
+#
+# Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), and DeepSeek-V3 (arXiv 2412.19437) with
+# its DualPipeV. Where torch.distributed.pipelining has the schedule, the per-stage order is the one
+# torch generates (ScheduleInterleavedZeroBubble with one chunk a stage = ZB-H1, ScheduleZBVZeroBubble,
+# ScheduleDualPipeV); torch's idle slots (None) are dropped, since a stage here waits on its receives.
+
+MIN_MICRO_BATCHES_PER_STAGE = {"zb-h1": 1, "zb-h2": 1, "zb-v": 2, "dualpipev": 2}  # m >= this x p
+V_SHAPED = ("zb-v", "dualpipev")  # two chunks a stage in a V: 2p chunks of the model
+
+
+def check_zero_bubble(name: str, p: int, m: int) -> None:
+    """Raise ValueError, naming --micro-batches and the smallest value that works, when m is too few."""
+    _check(p, m)
+    least = MIN_MICRO_BATCHES_PER_STAGE[name] * p
+    if m < least:
+        raise ValueError(
+            f"--schedule {name} on {p} stages needs at least {least} micro-batches, got {m}; "
+            f"use --micro-batches {least}"
+        )
+
+
+def check_layers(name: str, p: int, layers: int, flag: str | None = None) -> None:
+    """Raise ValueError when a model of `layers` layers cannot be cut into the chunks `name` needs
+    (2p for the V schedules, p otherwise), naming the fix: `flag` (the option that sets the layers,
+    where there is one) or a bigger model, or the largest --pp that works."""
+    chunks = 2 * p if name in V_SHAPED else p
+    if layers < chunks:
+        more = f"{flag} {chunks}" if flag else f"a model with at least {chunks} layers"
+        raise ValueError(
+            f"--schedule {name} on --pp {p} cuts the model into {chunks} chunks, but it has {layers} "
+            f"layers; use {more} or --pp {max(1, layers // (chunks // p))}"
+        )
+
+
+def _step(actions: list[Action]) -> tuple[Action, ...]:
+    return (*actions, Action(Kind.STEP, version=1))
+
+
+def zb_h1(p: int, m: int) -> PipelineSchedule:
+    """ZB-H1 (Qi et al. Fig. 3): 1F1B's order with B for the backward, and stage j's W delayed by j
+    steady rounds, so every stage keeps at most p micro-batches' activations (1F1B's stage 0) and W
+    fills the cool-down's bubble: (p-1)(F+B-W) idle instead of 1F1B's (p-1)(F+B+W) (their Table 2).
+    Torch's ScheduleInterleavedZeroBubble with one chunk a stage generates the same order."""
+    check_zero_bubble("zb-h1", p, m)
+    return PipelineSchedule("zb-h1", p, m, tuple(_step(_zb_h1_stage(p, m, j)) for j in range(p)))
+
+
+def _zb_h1_stage(p: int, m: int, j: int) -> list[Action]:
+    w = warmup(p, m, j)
+    actions = [Action(Kind.FORWARD, i) for i in range(w)]
+    weights = 0
+    for k in range(m):  # the k-th backward; the forward of k + w goes before it while there is one
+        if k + w < m:
+            actions.append(Action(Kind.FORWARD, k + w))
+        actions.append(Action(Kind.BACKWARD, k))
+        if k >= j:  # W waits j rounds on stage j
+            actions.append(Action(Kind.WEIGHT, weights))
+            weights += 1
+    return actions + [Action(Kind.WEIGHT, i) for i in range(weights, m)]
+
+
+def zb_h2(p: int, m: int) -> PipelineSchedule:
+    """ZB-H2 (Qi et al. Fig. 4): more forwards in the warm-up (stage j runs 2(p-1-j)+1 before its
+    first B) and the W of the later stages pushed to the tail, so every stage keeps at most 2p-1
+    micro-batches' activations (their Table 2: (2p-1) M_B, stage j holding 2j W's worth). The order
+    is the paper's greedy rule played on a clock where F, B and W take one slot each: a stage runs B
+    when its gradient is there, else F when its activation is there and fewer than 2p-1 micro-batches
+    are alive, else the oldest W. Their bubble (p-1)(F+B-2W) assumes the optimizer step is not
+    synchronized across stages (their post-validation); with one synchronous step, as here, the last
+    stage cannot start before the first forward reaches it, so the bubble is at least (p-1) F."""
+    check_zero_bubble("zb-h2", p, m)
+    return PipelineSchedule("zb-h2", p, m, tuple(_step(a) for a in _greedy_orders(p, m, 2 * p - 1)))
+
+
+def _greedy_orders(p: int, m: int, limit: int) -> list[list[Action]]:
+    """Every stage's order under the rule B > F (while fewer than `limit` alive) > W, one slot each."""
+    orders: list[list[Action]] = [[] for _ in range(p)]
+    forward_end = [[-1] * m for _ in range(p)]  # the slot at whose start the output is there
+    backward_end = [[-1] * m for _ in range(p)]
+    f, b, w = [0] * p, [0] * p, [0] * p  # forwards, Bs and Ws each stage has run
+
+    def there(ends: list[int], i: int, t: int) -> bool:
+        return 0 <= ends[i] <= t
+
+    t = 0
+    while any(n < m for n in w):
+        for j in range(p):
+            gradient = forward_end[j] if j == p - 1 else backward_end[j + 1]
+            activation_there = j == 0 or (f[j] < m and there(forward_end[j - 1], f[j], t))
+            if b[j] < f[j] and there(gradient, b[j], t):
+                orders[j].append(Action(Kind.BACKWARD, b[j]))
+                backward_end[j][b[j]], b[j] = t + 1, b[j] + 1
+            elif f[j] < m and activation_there and f[j] - w[j] < limit:
+                orders[j].append(Action(Kind.FORWARD, f[j]))
+                forward_end[j][f[j]], f[j] = t + 1, f[j] + 1
+            elif w[j] < b[j]:
+                orders[j].append(Action(Kind.WEIGHT, w[j]))
+                w[j] += 1
+        t += 1
+        if t > 3 * m * p + 2 * p:  # every slot some stage moves; more slots than work: a bug
+            raise RuntimeError(f"the greedy order of {p} stages, {m} micro-batches, limit {limit} stalls")
+    return orders
+
+
+def zb_v(p: int, m: int) -> PipelineSchedule:
+    """ZB-V (Qi et al. section 6): two chunks a stage in a V, stage j holding virtual stages j and
+    2p-1-j; warm-up of 2p-1 forwards, groups of F-B-W, then the remaining B with W in the gaps. No
+    bubble when F, B and W take equal time, at 1F1B's activation memory (p micro-batches of the
+    whole stage, 2p chunk-activations). The order of torch's ScheduleZBVZeroBubble."""
+    check_zero_bubble("zb-v", p, m)
+    stages = tuple(_step(_zb_v_stage(p, m, j)) for j in range(p))
+    return PipelineSchedule("zb-v", p, m, stages, virtual_stages=2, placement="v")
+
+
+def _zb_v_stage(p: int, m: int, j: int) -> list[Action]:
+    out: list[Action] = []
+    count = {(kind, c): 0 for kind in Kind for c in (0, 1)}
+
+    def add(kind: Kind, c: int) -> None:
+        out.append(Action(kind, count[(kind, c)], chunk=c))
+        count[(kind, c)] += 1
+
+    def n(kind: Kind, c: int) -> int:
+        return count[(kind, c)]
+
+    F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+    for _ in range(2 * (p - j) - 1):
+        add(F, 0)
+    for _ in range(j):
+        add(F, 1)
+        add(F, 0)
+    for _ in range(p - j):
+        add(F, 1)
+        add(B, 1)
+        add(W, 1)
+    while n(F, 1) < n(F, 0) or n(F, 0) < m:
+        if n(F, 0) < m:
+            add(F, 0)
+        add(B, 0)
+        add(W, 0)
+        add(F, 1)
+        add(B, 1)
+        add(W, 1)
+    for _ in range(j):
+        add(B, 0)
+        add(B, 1)
+    for _ in range(p - j):
+        add(B, 0)
+        add(W, 0)
+    while n(W, 1) < n(B, 1):
+        add(W, 1)
+    while n(W, 0) < n(B, 0):
+        add(W, 0)
+    return out
+
+
+def dualpipev(p: int, m: int) -> PipelineSchedule:
+    """DualPipeV (DeepSeek's DualPipe cut in half into a V on p stages; DeepSeek-V3 section 3.2.1):
+    the V placement of ZB-V, with micro-batches entering chunk 0 while others come back through
+    chunk 1, each forward paired with another micro-batch's backward (F then B then W here; an
+    overlapping runtime would run the pair at once), and B/W split only where it fills a bubble.
+    A whole backward is B immediately followed by its W. The 8 steps of torch's ScheduleDualPipeV."""
+    check_zero_bubble("dualpipev", p, m)
+    stages = tuple(_step(_dualpipev_stage(p, m, j)) for j in range(p))
+    return PipelineSchedule("dualpipev", p, m, stages, virtual_stages=2, placement="v")
+
+
+def _dualpipev_stage(p: int, m: int, j: int) -> list[Action]:
+    out: list[Action] = []
+    count = {(kind, c): 0 for kind in Kind for c in (0, 1)}
+    pending: list[tuple[int, int]] = []  # (chunk, micro-batch) of B whose W waits, oldest first
+    F, B, W = Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT
+
+    def forward(c: int) -> None:
+        out.append(Action(F, count[(F, c)], chunk=c))
+        count[(F, c)] += 1
+
+    def backward(c: int, split: bool = False) -> None:  # split: W later (zero-bubble); else now
+        i = count[(B, c)]
+        count[(B, c)] += 1
+        out.append(Action(B, i, chunk=c))
+        if split:
+            pending.append((c, i))
+        else:
+            out.append(Action(W, i, chunk=c))
+
+    def weight() -> None:
+        if pending:
+            c, i = pending.pop(0)
+            out.append(Action(W, i, chunk=c))
+
+    for _ in range((p - j - 1) * 2):  # 1: F0
+        forward(0)
+    for _ in range(j + 1):  # 2: F0 F1
+        forward(0)
+        forward(1)
+    for _ in range(p - j - 1):  # 3: B1 W F1
+        backward(1, split=True)
+        weight()
+        forward(1)
+    for _ in range(m - 2 * p + j + 1):  # 4: F0&B1, F1&B0
+        forward(0)
+        backward(1)
+        forward(1)
+        backward(0)
+    for _ in range(p - j - 1):  # 5: B1, F1&B0
+        backward(1)
+        forward(1)
+        backward(0)
+    split = False
+    for k in range(j + 1):  # 6: B1 B0, split from the middle on
+        split = split or (k == (j + 1) // 2 and j % 2 == 1)
+        backward(1, split)
+        split = split or (k == (j + 1) // 2 and j % 2 == 0)
+        backward(0, split)
+    for _ in range(p - j - 1):  # 7: W B0
+        weight()
+        backward(0, split)
+    for _ in range(j + 1):  # 8: W
+        weight()
+    while pending:
+        weight()
+    return out
+
+
 SCHEDULES: dict[str, Callable[[int, int], PipelineSchedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved": interleaved,  # build(..., virtual_stages=V) picks V (2 by default)
     "pipedream": pipedream,
     "pipedream-vs": lambda p, m: pipedream(p, m, vertical_sync=True),
+    "zb-h1": zb_h1,
+    "zb-h2": zb_h2,
+    "zb-v": zb_v,
+    "dualpipev": dualpipev,
 }
-SYNCHRONOUS = ("gpipe", "1f1b", "interleaved")
+SYNCHRONOUS = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipev")
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # the split backward: B then W
 
 
 def build(name: str, p: int, m: int, virtual_stages: int = 1) -> PipelineSchedule:
@@ -220,7 +488,7 @@ def build(name: str, p: int, m: int, virtual_stages: int = 1) -> PipelineSchedul
         raise ValueError(f"unknown pipeline schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     if name == "interleaved":
         return interleaved(p, m, virtual_stages)
-    if virtual_stages != 1:
+    if virtual_stages != 1 and not (name in V_SHAPED and virtual_stages == 2):
         raise ValueError(
             f"--virtual-stages {virtual_stages} needs --schedule interleaved; drop it or add that"
         )
@@ -235,6 +503,8 @@ def check_pipeline(p: int, m: int, schedule: str, balance: str) -> None:
         raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if balance not in ("params", "time"):
         raise ValueError(f"unknown --pp-balance {balance!r}; choose params or time")
+    if schedule in ZERO_BUBBLE and p > 1:
+        check_zero_bubble(schedule, p, m)
 
 
 def theoretical_bubble_fraction(p: int, m: int, v: int = 1) -> float:

@@ -15,23 +15,33 @@ class DeadlockError(RuntimeError):
 
 
 def check_actions(s: PipelineSchedule) -> None:
-    """Every stage runs the forward and the backward of every micro-batch once per chunk, forward first."""
+    """Every stage runs the forward and the backward of every micro-batch once per chunk, forward
+    first; a schedule that splits the backward also runs every W once, after its B."""
     every = [(c, i) for c in range(s.virtual_stages) for i in range(s.micro_batches)]
+    split = s.splits_backward
     for j, actions in enumerate(s.actions):
-        forwards = [(a.chunk, a.micro_batch) for a in actions if a.kind is Kind.FORWARD]
-        backwards = [(a.chunk, a.micro_batch) for a in actions if a.kind is Kind.BACKWARD]
+        forwards = _units(actions, Kind.FORWARD)
+        backwards = _units(actions, Kind.BACKWARD)
         if sorted(forwards) != every or sorted(backwards) != every:
             raise ValueError(
                 f"stage {j}: forwards {forwards} and backwards {backwards} must each be 0..m-1 once "
                 f"for each of the {s.virtual_stages} chunk(s)"
             )
+        if split and sorted(_units(actions, Kind.WEIGHT)) != every:
+            raise ValueError(
+                f"stage {j}: weight gradients {_units(actions, Kind.WEIGHT)} must be 0..m-1 once for "
+                f"each of the {s.virtual_stages} chunk(s), one for every B"
+            )
+        at = {(a.kind, a.chunk, a.micro_batch): k for k, a in enumerate(actions)}
         for c, i in forwards:
-            if _position(actions, Kind.BACKWARD, i, c) < _position(actions, Kind.FORWARD, i, c):
+            if at[(Kind.BACKWARD, c, i)] < at[(Kind.FORWARD, c, i)]:
                 raise ValueError(f"stage {j}: the backward of micro-batch {i} comes before its forward")
+            if split and at[(Kind.WEIGHT, c, i)] < at[(Kind.BACKWARD, c, i)]:
+                raise ValueError(f"stage {j}: the W of micro-batch {i} comes before its B")
 
 
-def _position(actions: tuple[Action, ...], kind: Kind, i: int, c: int = 0) -> int:
-    return next(k for k, a in enumerate(actions) if a.kind is kind and a.micro_batch == i and a.chunk == c)
+def _units(actions: tuple[Action, ...], kind: Kind) -> list[tuple[int, int]]:
+    return [(a.chunk, a.micro_batch) for a in actions if a.kind is kind]
 
 
 def dry_run(s: PipelineSchedule) -> int:
@@ -81,11 +91,13 @@ def _advance(
 
 
 def peak_in_flight(s: PipelineSchedule, j: int) -> int:
-    """Most micro-batches whose forward stage j has run and whose backward it has not (activations kept;
-    interleaved: (chunk, micro-batch) units, each a chunk's activations, 1/V of a stage's)."""
+    """Most micro-batches whose forward stage j has run and whose backward it has not finished
+    (activations kept): up to the backward, or up to W when the schedule splits it, since W needs
+    the layer inputs too. Several chunks a stage: (chunk, micro-batch) units, each 1/V of a stage's."""
+    release = Kind.WEIGHT if s.splits_backward else Kind.BACKWARD
     alive = peak = 0
     for a in s.actions[j]:
-        alive += {Kind.FORWARD: 1, Kind.BACKWARD: -1, Kind.STEP: 0}[a.kind]
+        alive += 1 if a.kind is Kind.FORWARD else -1 if a.kind is release else 0
         peak = max(peak, alive)
     return peak
 
@@ -98,7 +110,7 @@ def peak_versions(s: PipelineSchedule, j: int) -> int:
             stashed[(a.chunk, a.micro_batch)] = a.version
         elif a.kind is Kind.BACKWARD:
             del stashed[(a.chunk, a.micro_batch)]
-        else:
+        elif a.kind is Kind.STEP:
             current = a.version
         peak = max(peak, len({current, *stashed.values()}))
     return peak
@@ -113,3 +125,36 @@ def staleness(s: PipelineSchedule, j: int) -> list[int]:
         elif a.kind is Kind.BACKWARD:
             out.append(current - a.version)
     return out
+
+
+def published_peak(s: PipelineSchedule) -> int | None:
+    """The most (chunk, micro-batch) activations a stage may keep under the schedule's published
+    bound (`peak_bound`), or None where none is published (PipeDream, interleaved)."""
+    return peak_bound(s.name, s.stages, s.micro_batches)
+
+
+def peak_bound(name: str, p: int, m: int) -> int | None:
+    """The published bound on a stage's (chunk, micro-batch) activations, counted as `peak_in_flight`
+    counts (a split backward's activations until W): GPipe m; 1F1B and ZB-H1 p, 1F1B's first stage
+    (Qi et al. 2024, Table 2: p M_B); ZB-H2 2p-1 (their Table 2: (2p-1) M_B); ZB-V 2p chunks, i.e.
+    p micro-batches of a whole stage, 1F1B's memory (their section 6); DualPipeV 2p+1 chunks
+    (DeepSeek-V3, Table 2: PP+1 for DualPipe's PP stages, here the 2p chunks of the V)."""
+    bounds = {"gpipe": m, "1f1b": min(m, p), "zb-h1": min(m, p), "zb-h2": min(m, 2 * p - 1),
+              "zb-v": min(2 * m, 2 * p), "dualpipev": min(2 * m, 2 * p + 1)}  # fmt: skip
+    return bounds.get(name)
+
+
+def verify(s: PipelineSchedule) -> int:
+    """Every check as data: each stage's F before B before W for every micro-batch and chunk, counts
+    equal (`check_actions`), a dry run without deadlock over every transfer, the V's turn on the last
+    stage included (`dry_run`), and each stage's peak activations within `published_peak`. Returns
+    the dry run's rounds; raises ValueError (or DeadlockError) naming the first failure."""
+    rounds = dry_run(s)
+    bound = published_peak(s)
+    for j in range(s.stages):
+        if bound is not None and peak_in_flight(s, j) > bound:
+            raise ValueError(
+                f"{s.name}: stage {j} keeps {peak_in_flight(s, j)} micro-batches' activations, more than "
+                f"the {bound} its bound allows"
+            )
+    return rounds

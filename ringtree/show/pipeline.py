@@ -1,9 +1,11 @@
 """A pipeline schedule on a clock: what each stage does in every time slot, its bubble and its memory.
 
 p stages, m micro-batches, j stage, i micro-batch, k a time slot. A forward takes one slot and a
-backward two (the usual 1:2 ratio, as `ringtree.sim.training.plan.predict_pipeline` assumes); transfers
-are free. The slots come from the simulator's replay of the schedule, so what is drawn is what
-`ringtree sim` and the runtime play.
+backward two (the usual 1:2 ratio, as `ringtree.sim.training.plan.predict_pipeline` assumes); a split
+backward is B (input gradient) and W (weight gradient), one slot each (a matmul's two gradients cost
+the same); transfers are free. Several chunks a stage: each chunk's forward is one slot. The slots
+come from the simulator's replay of the schedule, so what is drawn is what `ringtree sim` and the
+runtime play.
 """
 
 from __future__ import annotations
@@ -11,17 +13,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringtree.schedules.pipeline import SCHEDULES, Kind, PipelineSchedule, build, theoretical_bubble_fraction
+from ringtree.schedules.pipeline import (
+    SCHEDULES,
+    ZERO_BUBBLE,
+    Kind,
+    PipelineSchedule,
+    build,
+    theoretical_bubble_fraction,
+)
 from ringtree.schedules.pipeline_verify import peak_in_flight, peak_versions, staleness
-from ringtree.sim.training.pipeline import PipelineReplay, StageCosts, replay_pipeline
+from ringtree.sim.training.pipeline import PipelineReplay, StageCosts, bubble_formula_s, replay_pipeline
 
 FORWARD_SLOTS, BACKWARD_SLOTS = 1, 2
 PIPELINES = tuple(SCHEDULES)
+_KINDS = {"forward": Kind.FORWARD, "backward": Kind.BACKWARD, "weight": Kind.WEIGHT}
 
 
 @dataclass(frozen=True)
 class Slot:
-    """What stage j does in one slot: 'forward', 'backward' or 'idle', of micro-batch i with weights v."""
+    """What stage j does in one slot: 'forward', 'backward' (B alone when the schedule splits it),
+    'weight' (W) or 'idle', of micro-batch i with weights v, in chunk c."""
 
     op: str
     micro_batch: int = -1
@@ -43,8 +54,14 @@ class Timeline:
 
     @property
     def theoretical_bubble_fraction(self) -> float:
+        """The formula's: (p-1)/(v m+p-1), or for the zero-bubble schedules their published bubble
+        (`ringtree.sim.training.pipeline.bubble_formula_s`) on the slot clock."""
         s = self.schedule
-        return theoretical_bubble_fraction(s.stages, s.micro_batches, s.virtual_stages)
+        if s.name not in ZERO_BUBBLE:
+            return theoretical_bubble_fraction(s.stages, s.micro_batches, s.virtual_stages)
+        v = float(s.virtual_stages)  # a stage's F, B and W: v slots each
+        idle = bubble_formula_s(s.name, s.stages, v, v, v)
+        return idle / (3 * v * s.micro_batches + idle)
 
     def in_flight(self) -> list[int]:
         """Per stage, the most micro-batches whose activations it keeps for their backward."""
@@ -76,13 +93,14 @@ def timeline(name: str, p: int, m: int, v: int = 1) -> Timeline:
     if not 1 <= v <= 16:
         raise ValueError(f"--virtual-stages must be 1..16, got {v}")
     s = build(name, p, m, v)
+    v = s.virtual_stages  # the V schedules hold two chunks a stage whatever was asked
     replay = replay_pipeline(s, StageCosts.uniform(p, float(FORWARD_SLOTS * v), float(BACKWARD_SLOTS * v)))
     versions = {(j, a.micro_batch, a.kind): a.version for j, acts in enumerate(s.actions) for a in acts}
     slots = [[Slot("idle")] * round(replay.step_time_s) for _ in range(p)]
     for span in replay.spans:
         if span.kind == "step":
             continue
-        kind = Kind.FORWARD if span.kind == "forward" else Kind.BACKWARD
+        kind = _KINDS[span.kind]
         slot = Slot(span.kind, span.micro_batch, versions[(span.stage, span.micro_batch, kind)], span.chunk)
         for k in range(round(span.start), round(span.end)):
             slots[span.stage][k] = slot
@@ -112,7 +130,7 @@ def gantt_spans(t: Timeline, with_versions: bool) -> list[dict[str, Any]]:
     for s in t.replay.spans:
         if s.kind == "step":
             continue
-        kind = Kind.FORWARD if s.kind == "forward" else Kind.BACKWARD
+        kind = _KINDS[s.kind]
         label: int | str = s.micro_batch if t.schedule.virtual_stages == 1 else f"{s.micro_batch}.{s.chunk}"
         if with_versions:
             v = next(

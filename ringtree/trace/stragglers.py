@@ -2,7 +2,8 @@
 of collectives (so any NCCL version and gloo alike). In each matched call the last rank to start
 kept the others waiting for as long as it started after the next-latest one; a rank is a
 straggler when it costs the most in at least half the steps (two at least) and, over all steps, at least
-`share` of a step (or `floor_s` a step where the trace has no step times)."""
+`share` of a step and at least `floor_s` a step: below a couple of milliseconds, the operating system's
+scheduling of ranks that share cores makes some rank "late" in most steps of a short step."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Straggler:
 
 
 def stragglers(
-    calls: list[Call], steps: list[int], step_s: float | None, share: float = 0.1, floor_s: float = 1e-3
+    calls: list[Call], steps: list[int], step_s: float | None, share: float = 0.1, floor_s: float = 2e-3
 ) -> list[Straggler]:
     """The stragglers among the ranks of the matched calls in `steps`, the costliest first."""
     cost: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))  # step -> rank -> s
@@ -40,7 +41,7 @@ def stragglers(
         owners[owner].append(step)
         for rank, s in by_rank.items():
             total[rank] += s
-    threshold = share * step_s if step_s else floor_s
+    threshold = max(share * step_s, floor_s) if step_s else floor_s
     out = []
     for rank, owned in owners.items():
         per_step = total[rank] / len(steps)

@@ -27,11 +27,13 @@ from ringtree.cli.plan.cluster import (
     ClusterOptions,
     refuse,
 )
+from ringtree.cli.plan.lowcomm import SyncOptions, sync_options
 from ringtree.cli.plan.moe import MoeOptions, moe_options
 
 
 @app.command()
 @moe_options
+@sync_options
 def plan(
     model: str | None = tf.MODEL_NAME,
     layers: int | None = tf.LAYERS,
@@ -92,6 +94,7 @@ def plan(
     json_path: Path | None = JSON_PATH,
     plot: Path | None = PLOT,
     moe: MoeOptions = MoeOptions(),  # the options of ringtree.cli.plan.moe
+    sync: SyncOptions = SyncOptions(),  # the options of ringtree.cli.plan.lowcomm
 ) -> None:
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
@@ -126,7 +129,7 @@ def plan(
                  "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []
-        refuse(named, "--from-trace (the step comes from the trace)")
+        refuse(named + sync.given(), "--from-trace (the step comes from the trace)")
         return trace_scaling.run(from_trace, links, algorithm, json_path, run_gpus_per_node)
     if from_run is not None:
         given = {"--model": model, "--params": params, "--module": module, "--compute-time": compute_time,
@@ -138,7 +141,7 @@ def plan(
                  "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []  # the MoE options among them
-        refuse(named, "--from-run (the step comes from the run)")
+        refuse(named + sync.given(), "--from-run (the step comes from the run)")
         return run_scaling.run(from_run, links, algorithm, json_path, plot)
     dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
     only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
@@ -168,10 +171,10 @@ def plan(
                   "last_stage_layers": last_stage_layers}  # fmt: skip
         return tf.run(
             model, {**dims, **moe.model_dims()}, global_batch, micro_batch or 1, layout, dtype, recompute,
-            overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe, plot,
+            overlap, bucket_mb, schedule, links, algorithm, search, json_path, legacy, moe, plot, sync,
         )  # fmt: skip
     return dp.run(
         model, params, module, compute_time, measure, input_shape, grad_dtype, compression, overlap,
         bucket_mb, accumulate, batch_size, pp, micro_batches, schedule, activation_mb, tp, shape, links,
-        algorithm, json_path, plot,
+        algorithm, json_path, plot, sync,
     )  # fmt: skip

@@ -12,6 +12,7 @@ import typer
 
 from ringtree.cli.output import console, print_table, write_json
 from ringtree.cli.plan.cluster import ClusterOptions, cluster_title
+from ringtree.cli.plan.lowcomm import SyncOptions, dp_sync_model, dp_sync_report
 
 DP = "Data-parallel planner"
 _COUNT_UNITS = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9}
@@ -66,8 +67,10 @@ def run(
     algorithm: str,
     json_path: Path | None,
     plot: Path | None,
+    sync: SyncOptions = SyncOptions(),
 ) -> None:
-    """The data-parallel plan of one model on the cluster, with --pp's and --tp's steps beside it."""
+    """The data-parallel plan of one model on the cluster, with --pp's and --tp's steps beside it,
+    and with --sync the low-communication methods priced on the same step."""
     from ringtree.sim import ALGORITHMS
     from ringtree.sim.training.plan import StepConfig
 
@@ -82,6 +85,8 @@ def run(
             raise ValueError(
                 f"unknown algorithm {algorithm!r}; choose auto or one of {', '.join(ALGORITHMS)}"
             )
+        if sync.given():
+            sync.check(cluster, dp_sync_model(config, model, shape))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
@@ -91,6 +96,8 @@ def run(
         result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
     if tp > 1:
         result["tensor_parallel"] = _tensor_parallel(config, cluster, tp, model, shape, result["algorithm"])
+    if sync.given():
+        result |= dp_sync_report(sync, config, links, result["algorithm"], model, shape)
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:
@@ -136,9 +143,15 @@ def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, acti
         raise typer.BadParameter(str(e)) from None
     link = cluster.intra if pp <= cluster.gpus_per_node else cluster.inter
     out = predict_pipeline(schedule, pp, m, seconds, link, int(activation_mb * 1e6))
+    from ringtree.schedules.pipeline import ZERO_BUBBLE
+    from ringtree.sim.training.pipeline import FORMULAS
+
+    theory = (
+        f"{FORMULAS[schedule]} with W a third of the backward" if schedule in ZERO_BUBBLE else "(p-1)/(m+p-1)"
+    )
     console.print(
         f"pipeline: {schedule}, pp={pp}, m={m}: step {out['pipeline_step_time_s']:.4f} s, bubble "
-        f"{out['bubble_fraction']:.1%} (theory (p-1)/(m+p-1) = {out['theoretical_bubble_fraction']:.1%})",
+        f"{out['bubble_fraction']:.1%} (theory {theory} = {out['theoretical_bubble_fraction']:.1%})",
         highlight=False,
     )
     return out

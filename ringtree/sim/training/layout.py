@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringtree.schedules.pipeline import MIN_MICRO_BATCHES_PER_STAGE, SCHEDULES, ZERO_BUBBLE, check_layers
 from ringtree.sim.training.eager import ELEMENTWISE
 from ringtree.sim.training.fp8 import RECIPES
 from ringtree.sim.training.plan import Layout
@@ -99,6 +100,8 @@ class Training:
             raise ValueError(
                 "--global-batch, --micro-batch, --tp, --pp, --cp and --virtual-stages must be at least 1"
             )
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown --schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(
                 f"unknown --attention-kernel {self.attention_kernel!r}; choose "
@@ -270,6 +273,8 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
         )
     if model.layers < p:
         raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")
+    if run.schedule in ZERO_BUBBLE and p > 1:
+        check_layers(run.schedule, p, model.layers, "--layers")
     dp = run.layout.dp(ranks)
     if run.shard_group and dp % run.shard_group:
         raise ValueError(
@@ -278,6 +283,13 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
         )
     _check_experts(model, run, dp)
     m = run.micro_batches(dp)
+    least = MIN_MICRO_BATCHES_PER_STAGE.get(run.schedule, 0) * p
+    if p > 1 and m < least:
+        raise ValueError(
+            f"--schedule {run.schedule} on --pp {p} needs at least {least} micro-batches per pipeline, got "
+            f"{m} (--global-batch {run.global_batch} / (dp {dp} x --micro-batch {run.micro_batch})); use "
+            f"--global-batch {least * dp * run.micro_batch}"
+        )
     if v > 1 and m % p:
         raise ValueError(
             f"--virtual-stages needs the {m} micro-batches per pipeline to be a multiple of --pp {p}; "

@@ -24,7 +24,10 @@ recompute keeps each layer's input (2 s b h, / t with SP) and rebuilds one layer
 layer's input, the outputs of the matmuls it does not rerun, the attention's output and log-sum-exp
 and the reduce-scatters' outputs, and rebuilds one layer at a time.
 Under 1F1B stage j holds min(m, p - j) micro-batches; interleaved with V chunks, its chunks of
-l / (p V) layers in flight are min(m V, 2 (p - j - 1) + (V - 1) p + 1) (Megatron-LM's warm-up).
+l / (p V) layers in flight are min(m V, 2 (p - j - 1) + (V - 1) p + 1) (Megatron-LM's warm-up). The
+zero-bubble schedules keep a micro-batch's activations until its W, every stage alike: ZB-H1 p,
+ZB-H2 2p - 1, ZB-V p (2p chunks of half a stage), DualPipeV p + 1/2 (2p + 1 chunks), their published
+bounds (ringtree.schedules.pipeline_verify.peak_bound), which their orders reach.
 The first stage holds the embedding, the last the output matrix and the fp32 logits; an uneven run
 (`--pp-layout`, ringtree.sim.training.stage_layout) puts them where its layout says, a
 multi-token-prediction layer (`m`) counted as one more layer of the model's last kind with its own
@@ -36,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ringtree.schedules.pipeline import V_SHAPED, ZERO_BUBBLE
+from ringtree.schedules.pipeline_verify import peak_bound
 from ringtree.sim.network.clusters import GPU
 from ringtree.sim.training import fp8, moe
 from ringtree.sim.training.layout import Training
@@ -122,6 +127,9 @@ def chunk_units(model: Transformer, chunks: tuple[Chunk, ...]) -> tuple[int, int
 def in_flight(run: Training, m: int, j: int) -> float:
     """Micro-batches' worth of the stage's layers whose activations stage j holds at its peak."""
     p, v = run.pp, run.virtual_stages
+    if run.schedule in ZERO_BUBBLE and p > 1:
+        chunks = 2 if run.schedule in V_SHAPED else 1
+        return float(peak_bound(run.schedule, p, m) or 0) / chunks
     if v == 1:
         return float(min(m, p - j))
     return min(m * v, 2 * (p - j - 1) + (v - 1) * p + 1) / v

@@ -20,9 +20,10 @@ class StageCosts:
     """Seconds per micro-batch for each stage's forward and backward, the step, and bytes per transfer."""
 
     forward_s: tuple[float, ...]
-    backward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]  # the whole backward, B + W
     step_s: float = 0.0
     activation_bytes: int = 0  # one micro-batch's activation (and its gradient) between two stages
+    weight_s: tuple[float, ...] = ()  # W of a split backward (B = backward - W); () = half of it
 
     def __post_init__(self) -> None:
         if len(self.forward_s) != len(self.backward_s):
@@ -32,15 +33,27 @@ class StageCosts:
             )
         if min((*self.forward_s, *self.backward_s, self.step_s)) < 0 or self.activation_bytes < 0:
             raise ValueError("compute times and activation bytes must not be negative")
+        if self.weight_s and (
+            len(self.weight_s) != len(self.backward_s)
+            or any(not 0 <= w <= b for w, b in zip(self.weight_s, self.backward_s, strict=True))
+        ):
+            raise ValueError("need one weight-gradient time per stage, each within its backward's time")
 
     @classmethod
     def uniform(cls, p: int, forward_s: float, backward_s: float, **kw: float | int) -> StageCosts:
         return cls((forward_s,) * p, (backward_s,) * p, **kw)  # type: ignore[arg-type]
 
-    def duration(self, j: int, a: Action) -> float:
+    def duration(self, j: int, a: Action, split: bool = False) -> float:
+        """Seconds of action a on stage j; split: the schedule's BACKWARD is B alone, W apart."""
         if a.kind is Kind.FORWARD:
             return self.forward_s[j]
-        return self.backward_s[j] if a.kind is Kind.BACKWARD else self.step_s
+        if a.kind is Kind.BACKWARD:
+            return self.backward_s[j] - self.weight(j) if split else self.backward_s[j]
+        return self.weight(j) if a.kind is Kind.WEIGHT else self.step_s
+
+    def weight(self, j: int) -> float:
+        """W's seconds on stage j: given, or half the backward (a matmul's dX and dW cost the same)."""
+        return self.weight_s[j] if self.weight_s else self.backward_s[j] / 2
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,7 @@ class Span:
     """One action of one stage in virtual time."""
 
     stage: int
-    kind: str  # "forward", "backward" or "step"
+    kind: str  # "forward", "backward" (B alone when the schedule splits it), "weight" or "step"
     micro_batch: int
     start: float
     end: float
@@ -64,20 +77,22 @@ class PipelineReplay:
 
     @property
     def bubble_fraction(self) -> float:
-        """1 - busy / (p x step time), counting forwards and backwards (not steps) as busy."""
+        """1 - busy / (p x step time), counting forwards, backwards and W (not steps) as busy."""
         stages = 1 + max((s.stage for s in self.spans), default=0)
         busy = sum(s.end - s.start for s in self.spans if s.kind != "step")
         return 1.0 - busy / (stages * self.step_time_s) if self.step_time_s > 0 else 0.0
 
 
 def replay_pipeline(s: PipelineSchedule, costs: StageCosts, link: Link | None = None) -> PipelineReplay:
-    """The schedule's step on the given costs; link None: transfers are free. Interleaved: a chunk's
-    forward or backward takes 1/V of the stage's (the stage's layers are cut into V chunks)."""
+    """The schedule's step on the given costs; link None: transfers are free, and so is the V
+    placement's hand-over between the two chunks of one stage. Several chunks a stage: a chunk's
+    forward, backward or W takes 1/V of the stage's (the stage's layers are cut into V chunks)."""
     if len(costs.forward_s) != s.stages:
         raise ValueError(f"the schedule has {s.stages} stages but costs are given for {len(costs.forward_s)}")
     arrived: dict[tuple[str, int, int], float] = {}  # (what, dst, i) -> arrival time
     channel_free: dict[tuple[int, int], float] = {}
     free, done, spans = [0.0] * s.stages, [0] * s.stages, []
+    split = s.splits_backward
     while any(done[j] < len(s.actions[j]) for j in range(s.stages)):
         moved = False
         for j in range(s.stages):
@@ -89,7 +104,7 @@ def replay_pipeline(s: PipelineSchedule, costs: StageCosts, link: Link | None = 
                     break
                 start = max(free[j], 0.0 if key is None else arrived[key])
                 share = 1.0 if a.kind is Kind.STEP else 1.0 / s.virtual_stages
-                free[j] = start + costs.duration(j, a) * share
+                free[j] = start + costs.duration(j, a, split) * share
                 spans.append(Span(j, _KINDS[a.kind], a.micro_batch, start, free[j], a.chunk))
                 _send(s, j, a, free[j], costs.activation_bytes, link, arrived, channel_free)
                 done[j], moved = done[j] + 1, True
@@ -100,7 +115,7 @@ def replay_pipeline(s: PipelineSchedule, costs: StageCosts, link: Link | None = 
     return PipelineReplay(max(free), spans)
 
 
-_KINDS = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.STEP: "step"}
+_KINDS = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.WEIGHT: "weight", Kind.STEP: "step"}
 
 
 def _send(
@@ -116,7 +131,48 @@ def _send(
     sent = s.send_of(j, a)
     if sent is None:
         return
-    cost = 0.0 if link is None else link.alpha_s + nbytes * link.beta
+    local = s.stage_of(sent.src)[0] == s.stage_of(sent.dst)[0]  # the V's turn: one stage, no link
+    cost = 0.0 if link is None or local else link.alpha_s + nbytes * link.beta
     leave = max(end, channel_free.get((sent.src, sent.dst), 0.0))
     channel_free[(sent.src, sent.dst)] = leave + cost
     arrived[(sent.what, sent.dst, sent.micro_batch)] = leave + cost
+
+
+# The published bubbles, per stage, of one step of m micro-batches with a stage's forward f, input
+# gradient b and weight gradient w (a whole backward b + w), equal stages and free transfers. Qi et
+# al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 2: 1F1B (p-1)(F+B+W), ZB-H1 (p-1)(F+B-W),
+# ZB-H2 (p-1)(F+B-2W); DeepSeek-V3 (arXiv 2412.19437), Table 2: DualPipe (PP/2-1)(F&B+B-3W) over PP
+# chunks, with B the whole backward and F&B an overlapped pair (F+B when nothing overlaps, as here).
+FORMULAS = {
+    "gpipe": "(p-1)(F+B+W)",
+    "1f1b": "(p-1)(F+B+W)",
+    "zb-h1": "(p-1)(F+B-W)",
+    "zb-h2": "max((p-1)(F+B-2W), (p-1)F)",
+    "zb-v": "(p-1)F/2, the fill (all of it at F = B = W)",
+    "dualpipev": "(p-1)(F/2+B-W/2) (DeepSeek's, an upper bound here)",
+}
+
+
+def bubble_formula_s(name: str, p: int, f: float, b: float, w: float) -> float:
+    """Idle seconds per stage in one synchronous step by the published formula (`FORMULAS`), which
+    the replay (`replay_pipeline`) equals for GPipe, 1F1B, ZB-H1 and ZB-H2, and ZB-V at f = b = w.
+
+    ZB-H2's (p-1)(F+B-2W) assumes the optimizer step is not synchronized across stages (Qi et al.'s
+    post-validation); one synchronous step cannot start the last stage before the first forward
+    reaches it, (p-1) F, hence the max. ZB-V: the fill of (p-1) chunk forwards, (p-1) F/2, is what
+    a synchronous step cannot avoid and what it leaves at equal times (their "zero bubble"); other
+    times replay to more. DualPipeV: DeepSeek's formula with DualPipeV's PP = 2p chunks (chunk
+    forward f/2, whole chunk backward (b+w)/2, chunk W w/2, F&B = F + B), which the replay of the
+    pairs one after the other beats."""
+    if name in ("gpipe", "1f1b"):
+        return (p - 1) * (f + b + w)
+    if name == "zb-h1":
+        return (p - 1) * (f + b - w)
+    if name == "zb-h2":
+        return max((p - 1) * (f + b - 2 * w), (p - 1) * f)
+    if name == "zb-v":
+        return (p - 1) * f / 2
+    if name == "dualpipev":
+        chunk_f, chunk_b, chunk_w = f / 2, (b + w) / 2, w / 2
+        return (p - 1) * ((chunk_f + chunk_b) + chunk_b - 3 * chunk_w)
+    raise ValueError(f"no bubble formula for {name!r}; choose one of {', '.join(FORMULAS)}")

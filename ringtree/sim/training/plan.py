@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
+from ringtree.schedules.pipeline import V_SHAPED, ZERO_BUBBLE, build, theoretical_bubble_fraction
 from ringtree.sim.network.allreduce import allreduce_time as sim_allreduce_time
 from ringtree.sim.network.closed_form import ALGORITHMS, check_algorithm
 from ringtree.sim.network.hardware import Cluster, Link
 from ringtree.sim.network.measured import allreduce_seconds
-from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
+from ringtree.sim.training.pipeline import StageCosts, bubble_formula_s, replay_pipeline
 
 MODELS: dict[str, int] = {
     "vit-base": 86_000_000,
@@ -45,6 +45,9 @@ MODELS: dict[str, int] = {
 }
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 BACKWARD_FRACTION = 2 / 3  # backward costs about twice the forward
+# of a backward's compute, the weight gradients' share (W of a split backward) when nothing better is
+# known: Qi et al. 2024 profiled T_B 18.09 ms and T_W 9.34 ms for their 1.5B model (Table 9), 0.34
+WEIGHT_FRACTION = 1 / 3
 _FREE = Link("free", 0.0, 1e30)
 
 
@@ -213,6 +216,9 @@ class StepWork:
     # every stage is forward_s / backward_s, which are otherwise the slowest stage's
     stage_forward_s: tuple[float, ...] = ()
     stage_backward_s: tuple[float, ...] = ()
+    # the share of each stage's backward compute that is weight gradients (W), which the zero-bubble
+    # schedules run apart from the input gradients (B); W needs no communication of its own
+    weight_fraction: float = WEIGHT_FRACTION
     # of one parameter element as ZeRO's all-gathers move it (16-bit weights beside fp32 gradients);
     # 0: the gradients' itemsize
     param_itemsize: int = 0
@@ -422,6 +428,8 @@ def _pipeline_s(
     comm_f, comm_b = forward - work.forward_s, backward - work.backward_s
     fs = tuple(f + comm_f for f in work.stage_forward_s) or (forward,) * p
     bs = tuple(b + comm_b for b in work.stage_backward_s) or (backward,) * p
+    if layout.schedule in ZERO_BUBBLE:
+        return _zero_bubble_s(work, layout, link, (fs, bs), fast)
     busy = m * (forward + backward)
     ideal = sum(fs) + sum(bs) - (forward + backward)
     message = link.alpha_s + work.activation_bytes * link.beta
@@ -432,6 +440,30 @@ def _pipeline_s(
         makespan = replay_pipeline(build(layout.schedule, p, m), costs, link).step_time_s
     messages = max(0.0, makespan - busy - ideal)
     return busy + ideal / v + v * messages
+
+
+def _zero_bubble_s(
+    work: StepWork,
+    layout: Layout,
+    link: Link,
+    stage_s: tuple[tuple[float, ...], tuple[float, ...]],
+    fast: bool,
+) -> float:
+    """A zero-bubble schedule's makespan: each stage's backward split into B (its communication
+    included) and W (`weight_fraction` of its compute), the schedule replayed with the stage link;
+    `fast`: the slowest stage's m (F+B+W) plus the published bubble
+    (`ringtree.sim.training.pipeline.bubble_formula_s`) and the messages of the fill, for the search."""
+    (fs, bs), m, p = stage_s, work.micro_batches, layout.pp
+    compute = work.stage_backward_s or (work.backward_s,) * p
+    ws = tuple(work.weight_fraction * b for b in compute)
+    if fast:
+        k = max(range(p), key=lambda j: fs[j] + bs[j])
+        message = link.alpha_s + work.activation_bytes * link.beta
+        turns = 2 if layout.schedule in V_SHAPED else 1  # the V: twice the stage messages
+        idle = bubble_formula_s(layout.schedule, p, fs[k], bs[k] - ws[k], ws[k])
+        return m * (fs[k] + bs[k]) + idle + turns * 2 * (p - 1) * message
+    costs = StageCosts(fs, bs, activation_bytes=work.activation_bytes, weight_s=ws)
+    return replay_pipeline(build(layout.schedule, p, m), costs, link).step_time_s
 
 
 def _bucket_times(
@@ -738,11 +770,16 @@ def predict_pipeline(
     per = compute_time_s / (p * m)  # one stage, one micro-batch: forward + backward
     work = StepWork(per / 3, 2 * per / 3, m, 0, 4, activation_bytes=activation_bytes)
     row = predict(work, Cluster(1, p, link, link), "ring", Layout(pp=p, schedule=schedule))
+    theory = theoretical_bubble_fraction(p, m)
+    if schedule in ZERO_BUBBLE:  # the published bubble with W a third of the backward
+        f, w = work.forward_s, work.backward_s * work.weight_fraction
+        idle = bubble_formula_s(schedule, p, f, work.backward_s - w, w)
+        theory = idle / (m * per + idle)
     return {
         "schedule": schedule,
         "pp": p,
         "micro_batches": m,
         "pipeline_step_time_s": row.step_s,
         "bubble_fraction": row.pp_bubble_s / row.step_s if row.step_s else 0.0,
-        "theoretical_bubble_fraction": theoretical_bubble_fraction(p, m),
+        "theoretical_bubble_fraction": theory,
     }

@@ -147,6 +147,15 @@ def _tp_rerun(run: Training) -> float:
     return 0
 
 
+def weight_fraction(model: Transformer, run: Training, gpu: GPU) -> float:
+    """The share of a layer's backward (recompute included) that is its weight gradients, W of the
+    split backward: each matmul's dW = G^T X is one GEMM of the forward's shape (Qi et al. 2024,
+    section 2), so W takes the layer's forward matmul time; attention and elementwise backwards are
+    all B (about a third of the backward for a transformer layer)."""
+    backward = layer_times(model, run, gpu)[1]
+    return min(1.0, linears_s(model, run, gpu)[0] / backward) if backward > 0 else 0.0
+
+
 def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
     """One GPU's step on the slowest stage: its layers on its TP and CP slice, per micro-batch; the
     logits (output layer and loss) sit on the last stage, as Megatron-LM's `post_process` puts them,
@@ -204,6 +213,7 @@ def work(model: Transformer, run: Training, gpu: GPU, dp: int) -> StepWork:
         + (1 - share) * model.step_flops(run.global_batch, "none"),
         stage_forward_s=fs if p > 1 else (),
         stage_backward_s=bs if p > 1 else (),
+        weight_fraction=weight_fraction(model, run, gpu),
         ep=run.ep,
         etp=run.etp,
         ep_bytes=(moe.gather_bytes if run.moe_dispatcher == "allgather" else moe.dispatch_bytes)(model, run),

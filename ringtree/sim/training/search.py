@@ -3,7 +3,8 @@
 The space is TP (powers of two up to two nodes' GPUs, dividing the heads: a TP group across two
 nodes, as Megatron-LM's figure 13 ran TP 16 on 8-GPU nodes, is priced on the NICs it spans) x CP
 (1, 2, 4, 8, dividing s / 2) x PP (dividing the layers) x DP (the rest) x virtual stages (1, 2, 4)
-x ZeRO (0-3) x sequence parallelism x micro-batch (1, 2, 4, 8) x recompute; for an MoE model x EP
+x the schedule (1F1B; with one chunk a stage also ZB-H1, ZB-H2, ZB-V and DualPipeV) x ZeRO (0-3)
+x sequence parallelism x micro-batch (1, 2, 4, 8) x recompute; for an MoE model x EP
 (powers of two dividing the experts and the stage's TP x CP x DP ranks) x ETP (1, or the TP degree),
 and under FP8 the recipes the GPU runs, each unless the command pins it. A first pass prices
 every layout with the pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again
@@ -20,6 +21,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ringtree.schedules.pipeline import MIN_MICRO_BATCHES_PER_STAGE, V_SHAPED, ZERO_BUBBLE
 from ringtree.sim.network.clusters import GPU
 from ringtree.sim.network.hardware import Cluster
 from ringtree.sim.training import fp8
@@ -78,27 +80,37 @@ def candidates(
             if v > 1 and (global_batch // (dp * b)) % p:
                 continue
             stages = (0, 1, 2, 3) if dp * c > 1 else (0,)  # nothing to shard over a single rank
-            yield [
-                Training(
-                    global_batch,
-                    b,
-                    t,
-                    p,
-                    dtype,
-                    r,
-                    True,
-                    25.0,
-                    "1f1b",
-                    c,
-                    v,
-                    sp,
-                    z,
-                    grad_dtype=grad_dtype,
-                    cp_comm=cp_comm if c > 1 else "p2p",
-                    **words,  # type: ignore[arg-type]
-                )
-                for z in stages
-            ]
+            for schedule in _schedules(model, p, v, global_batch // (dp * b)):
+                yield [
+                    Training(
+                        global_batch,
+                        b,
+                        t,
+                        p,
+                        dtype,
+                        r,
+                        True,
+                        25.0,
+                        schedule,
+                        c,
+                        v,
+                        sp,
+                        z,
+                        grad_dtype=grad_dtype,
+                        cp_comm=cp_comm if c > 1 else "p2p",
+                        **words,  # type: ignore[arg-type]
+                    )
+                    for z in stages
+                ]
+
+
+def _schedules(model: Transformer, p: int, v: int, m: int) -> list[str]:
+    """1F1B, and with one chunk a stage the zero-bubble schedules whose micro-batches and layers suffice."""
+    if p == 1 or v > 1:
+        return ["1f1b"]
+    chunks = {name: 2 * p if name in V_SHAPED else p for name in ZERO_BUBBLE}
+    least = {name: MIN_MICRO_BATCHES_PER_STAGE[name] * p for name in ZERO_BUBBLE}
+    return ["1f1b", *(n for n in ZERO_BUBBLE if m >= least[n] and model.layers >= chunks[n])]
 
 
 def _expert_words(
@@ -164,14 +176,16 @@ def search(
     return Found(sorted(exact, key=lambda row: row.step_s), len(rough))
 
 
-_WORDS = {"tp": "TP", "cp": "CP", "pp": "PP", "dp": "DP", "virtual_stages": "virtual stages",
-          "zero": "ZeRO", "sequence_parallel": "sequence parallel", "micro_batch": "micro-batch",
+_WORDS = {"tp": "TP", "cp": "CP", "pp": "PP", "schedule": "schedule", "dp": "DP",
+          "virtual_stages": "virtual stages", "zero": "ZeRO", "sequence_parallel": "sequence parallel",
+          "micro_batch": "micro-batch",
           "recompute": "recompute", "ep": "EP", "etp": "ETP", "fp8_recipe": "FP8 recipe"}  # fmt: skip
 
 
 def _layout(row: StepPrediction) -> dict[str, object]:
     t = row.details["training"]
-    return {"tp": row.tp, "cp": row.cp, "pp": row.pp, "dp": row.dp, "virtual_stages": row.virtual_stages,
+    return {"tp": row.tp, "cp": row.cp, "pp": row.pp, "schedule": t["schedule"], "dp": row.dp,
+            "virtual_stages": row.virtual_stages,
             "zero": row.zero, "sequence_parallel": row.sequence_parallel, "micro_batch": t["micro_batch"],
             "recompute": t["recompute"], "ep": row.ep, "etp": row.etp,
             "fp8_recipe": t["fp8_recipe"] if t["dtype"] == "fp8" else None}  # fmt: skip
