@@ -357,7 +357,8 @@ OUTPUTS: dict[str, Output] = {
             "outer_syncs": "outer synchronisations applied (fragments, under streaming-diloco); else null",
             "inter_node_bytes_per_step": (
                 "bytes one rank sent to ranks on other nodes, averaged per step, the largest rank's: DDP's "
-                "bucket schedules (`native` counted as the ring) plus the outer averages; null with `--zero`"
+                "bucket schedules (`native` counted as the ring) plus the outer averages; null with `--zero` "
+                "or a low-rank `--compression`"
             ),
             "outer_comm_exposed_s": "seconds per step the training waited for the outer averages; else null",
             "bubble_fraction": "under `--pp`: measured idle fraction of the pipeline",

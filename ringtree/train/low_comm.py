@@ -110,8 +110,8 @@ def ddp_bytes_per_sync(ddp: DistributedDataParallel | ChunkDDPs | Any) -> int | 
     if isinstance(ddp, ChunkDDPs):
         parts = [ddp_bytes_per_sync(d) for d in ddp.ddps]
         return None if None in parts else sum(p for p in parts if p is not None)
-    if not isinstance(ddp, DistributedDataParallel):
-        return None
+    if not isinstance(ddp, DistributedDataParallel) or ddp.compression not in (None, "fp16", "bf16"):
+        return None  # ZeRO's halves, a low-rank compression: not counted here
     group = ddp.process_group
     p = ddp.world_size
     if p == 1:
