@@ -37,6 +37,26 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
+def fit_with_a_skipped_step(cfg: TrainConfig) -> dict[str, Any]:
+    """Step 3 skipped on every rank, as the fp16 scaler's agreed skip does (the optimizer never steps)."""
+    from ringtree.train.techniques.amp import MixedPrecision
+
+    step, calls = MixedPrecision.step, [0]
+
+    def skips_the_third(self: MixedPrecision, optimizer: Any, agree: Any = None) -> bool:
+        calls[0] += 1
+        if calls[0] == 3:
+            self.skipped_steps += 1
+            return False
+        return step(self, optimizer, agree)
+
+    MixedPrecision.step = skips_the_third  # type: ignore[method-assign]
+    try:
+        return fit(cfg)
+    finally:
+        MixedPrecision.step = step  # type: ignore[method-assign]
+
+
 def world(rank: int, folder: str) -> dict[str, Any]:
     out = {
         "ddp": fit(BASE),
@@ -48,6 +68,7 @@ def world(rank: int, folder: str) -> dict[str, Any]:
             )
         ),
     }
+    out["skipped"] = fit_with_a_skipped_step(replace(BASE, sync="diloco", inner_steps=3))
     resumable = replace(
         BASE, sync="streaming-diloco", inner_steps=4, fragments=2, overlap_steps=1, checkpoint_every=3
     )
@@ -78,6 +99,17 @@ def test_summary_keys_for_every_sync(tmp_path_factory: pytest.TempPathFactory) -
     assert (diloco["sync"], diloco["outer_syncs"], diloco["steps"]) == ("diloco", 2, 10)
     assert streaming["outer_syncs"] == 6  # one fragment every H/F = 2 steps, fragment 0 at the end
     assert diloco["outer_comm_exposed_s"] >= 0
+
+
+def test_a_skipped_step_still_counts_for_the_schedule(tmp_path_factory: pytest.TempPathFactory) -> None:
+    for run in results(tmp_path_factory):
+        skipped = run["skipped"]
+        assert skipped["skipped_steps"] == 1 and skipped["steps"] == 10
+        # after steps 3 (the skipped one, counted), 6 and 9, and the last one after step 10; without
+        # counting the skipped step: after steps 4, 7 and 10 only
+        assert skipped["outer_syncs"] == 4
+    a, b = results(tmp_path_factory)
+    assert torch.equal(a["skipped"]["params"], b["skipped"]["params"])
 
 
 def test_inter_node_bytes_diloco_is_ddp_s_over_h(tmp_path_factory: pytest.TempPathFactory) -> None:
