@@ -8,7 +8,9 @@ or ShardedDataParallel (--zero) over its DP group, so every DP option (algorithm
 overlap, compression, accumulation, checkpoints) works in every layout. The trainer runs the loop
 and owns checkpoints, metrics and the summary. Without --pp a step is the seeds' flow: forward,
 backward (the last micro-batch synchronizing), AdamW; with --pp the pipeline runtime runs the
-schedule and the step. The master-rank `--mode dp` replaces DDP when asked.
+schedule and the step. The master-rank `--mode dp` replaces DDP when asked. Under `--sync
+local-sgd|diloco|streaming-diloco` the DDP runs inside replica groups and ringtree.train.low_comm
+hooks the optimizer's step with the outer synchronisation across them.
 
 Losses and metrics stay on the device during the loop; the host reads them once per log
 interval (the progress bar) and once at the end (the summary).
