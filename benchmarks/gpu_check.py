@@ -31,6 +31,9 @@ failed (with the error) so that one broken path does not hide the others:
   GPU copies of the pinned CPU buffers, on a side stream); Streaming DiLoCo (2 fragments, the
   all-reduce overlapping the next inner step, int8 on the wire): the global copy in pinned host
   memory, equal on every rank after each synchronisation;
+- powersgd: ringtree's DDP with PowerSGD (rank 2, compressing from the third step; native: NCCL,
+  ring: ringtree's schedule) and ringtree.powersgd_hook in torch's DDP, against torch's DDP with
+  torch's powerSGD_hook: gradients of every step, ms per step;
 - trace: steps of ringtree's DDP (native: NCCL) profiled by `--profile`'s StepProfiler (CUDA
   activity too), one file per rank, read back by `ringtree trace`'s analysis: kernels on streams,
   every collective classified and sized (whatever the NCCL version's kernel names), the NCCL
@@ -125,6 +128,73 @@ def check_ddp(device: torch.device) -> dict[str, Any]:
             if p.grad is not None
         )
         out[algorithm] = {"max_abs_grad_error": error, "ms_per_step": seconds * 1e3, "ok": error < 1e-4}
+    return out
+
+
+def _powersgd_grads(kind: str, base: nn.Module, device: torch.device, steps: int = 4) -> dict[str, Any]:
+    """Every step's gradients and the median ms per step of `base` under one PowerSGD variant."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+
+    import ringtree
+    from ringtree.parallel import PowerSGD
+
+    model = copy.deepcopy(base)
+    ids = [device.index] if device.type == "cuda" else None
+    if kind.startswith("ringtree-ddp"):
+        algorithm = kind.rsplit("/", 1)[1]
+        state = PowerSGD(rank=2, start_iter=2)
+        ddp: nn.Module = DistributedDataParallel(
+            model, device_ids=ids, algorithm=algorithm, compression=state, timeout_s=TIMEOUT_S
+        )
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if kind == "torch":
+            ddp.register_comm_hook(torch_psgd.PowerSGDState(None, 2, 2), _torch_powersgd_in_order)
+        else:
+            ddp.register_comm_hook(PowerSGD(rank=2, start_iter=2), ringtree.powersgd_hook("native"))
+    g = torch.Generator().manual_seed(dist.get_rank())
+    grads, times = [], []
+    for _ in range(steps):
+        x, y = torch.randn(64, 256, generator=g).to(device), torch.randn(64, 256, generator=g).to(device)
+        _sync(device)
+        start = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        F.mse_loss(ddp(x), y).backward()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+        grads.append([p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
+    return {"grads": grads, "ms_per_step": statistics.median(times[2:]) * 1e3}
+
+
+def _torch_powersgd_in_order(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    """torch's powerSGD_hook, each bucket done before the next (gloo runs two buckets' chained
+    callbacks in any order, and the ranks' all-reduces then pair up wrongly)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+
+    fut = torch_psgd.powerSGD_hook(state, bucket)
+    fut.wait()
+    return fut
+
+
+_torch_powersgd_in_order.__annotations__.update(
+    {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}  # type: ignore[attr-defined]
+)
+
+
+def check_powersgd(device: torch.device) -> dict[str, Any]:
+    """ringtree's PowerSGD (DDP, native and ring; the hook) against torch's powerSGD_hook."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to(device)
+    reference = _powersgd_grads("torch", base, device)
+    out: dict[str, Any] = {"torch": {"ms_per_step": reference["ms_per_step"], "ok": True}}
+    for kind in ("ringtree-ddp/native", "ringtree-ddp/ring", "ringtree-hook/native"):
+        run = _powersgd_grads(kind, base, device)
+        error = max(
+            float((a - b).abs().max())
+            for got, want in zip(run["grads"], reference["grads"], strict=True)
+            for a, b in zip(got, want, strict=True)
+        )
+        out[kind] = {"max_abs_grad_error": error, "ms_per_step": run["ms_per_step"], "ok": error < 1e-4}
     return out
 
 
@@ -535,6 +605,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "zero": check_zero,
     "moe": check_moe,
     "diloco": check_diloco,
+    "powersgd": check_powersgd,
     "trace": check_trace,
 }
 

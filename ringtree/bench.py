@@ -69,7 +69,10 @@ class BenchConfig:
                 f"unknown {self.collective} algorithm(s) {', '.join(unknown)}; choose from {', '.join(valid)}"
             )
         if self.min_bytes < 0 or self.max_bytes < self.min_bytes:
-            raise ValueError(f"need 0 <= min_bytes <= max_bytes, got {self.min_bytes} and {self.max_bytes}")
+            raise ValueError(
+                f"--min-bytes {self.min_bytes} and --max-bytes {self.max_bytes}: the smallest size must be "
+                "at least 0 and at most the largest; swap or fix them"
+            )
         if self.step_factor < 2:
             raise ValueError(f"step_factor must be at least 2, got {self.step_factor}")
         if self.iters < 1 or self.warmup < 0:

@@ -176,6 +176,8 @@ OUTPUTS: dict[str, Output] = {
             "ranks": "GPUs in the collective",
             "nodes": "nodes",
             "gpus_per_node": "GPUs per node",
+            "nics_per_node": "NICs per node the inter-node traffic shares (`--nics-per-node`)",
+            "nic_GBps": "each NIC's bandwidth (the `--inter` link), GB/s",
             "bytes": "the all-reduced buffer; of an all-to-all, the per-rank buffer (nccl-tests' size)",
             "time_s": "the predicted time",
             "method": "how: `replay`, `closed-form`, `nccl-model` or `measured` (a calibration's rows)",
@@ -244,6 +246,16 @@ OUTPUTS: dict[str, Output] = {
             "details": (
                 "the model spec, the layout (`training`), the GPU, parameters and model FLOPs per step"
             ),
+            "planner": (
+                "which model ran: `transformer` (compute from the model's FLOPs, the layout, ZeRO, the "
+                "pipeline) or `data-parallel` (the typed compute time, the whole model on every GPU)"
+            ),
+            "network": "what the plan assumed each node has",
+            "network.gpus_per_node": "GPUs per node",
+            "network.intra": "the link between a node's GPUs",
+            "network.nics_per_node": "NICs per node, shared by the groups crossing nodes (`--nics-per-node`)",
+            "network.nic": "each NIC's link (`--inter`)",
+            "network.nic_GBps": "each NIC's bandwidth, GB/s",
         },
     ),
     "plan-dp": Output(
@@ -570,7 +582,10 @@ OUTPUTS: dict[str, Output] = {
         {
             "layouts_fit": "how many layouts fit the GPUs' memory (of those searched)",
             "why": "why the first layout wins, in one line",
-            "configurations": "the top ten layouts, each with the keys of `plan`",
+            "configurations": (
+                "the top ten layouts, each with the keys of `plan`; layouts of the same step and memory are "
+                "folded into the first, listed in its `details.alike`"
+            ),
         },
     ),
     "trace": Output(

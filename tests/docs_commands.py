@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/getting-started.md", "docs/tutorial.md", "docs/how-to/*.md")
 MARK = re.compile(r"<!-- runnable(: ci)? -->\s*\n```sh\n(.*?)```", re.S)
 # pages whose `$ COMMAND` lines, in a fenced block with the command's output after them, are run too
-SHOWN = ("docs/tutorial.md", "docs/how-to/show-a-schedule.md", "docs/how-to/calibrate.md", "docs/planner.md")
+SHOWN = ("docs/tutorial.md", "docs/how-to/show-a-schedule.md", "docs/how-to/calibrate.md", "docs/planner.md",
+         "docs/how-to/plan-a-cluster.md")  # fmt: skip
 FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
 
 

@@ -43,6 +43,12 @@ CASES: list[tuple[list[str], str]] = [
     (["emulate", "--json", "{file}/x.json", "--", "bench"], "is a file, not a folder"),
     (["show", "ring", "--json", "{file}/x.json"], "is a file, not a folder"),
     (["train", "--checkpoint-dir", "{file}"], "is a file, not a folder"),  # not at the first save
+    (["train", "--compression", "powersgd", "--powersgd-rank", "0"], "--powersgd-rank must be at least 1"),
+    (["train", "--powersgd-rank", "2"], "--powersgd-rank configures --compression powersgd; add it"),
+    (
+        ["train", "--compression", "powersgd", "--powersgd-start-iter", "-1"],
+        "--powersgd-start-iter must be 0",
+    ),
 ]
 if not torch.cuda.is_available():
     CASES.append((["bench", "--device", "cuda"], "needs a CUDA GPU and this machine has none"))

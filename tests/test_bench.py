@@ -30,7 +30,7 @@ def test_config_sizes_and_errors() -> None:
         BenchConfig(algorithms=("butterfly",))
     with pytest.raises(ValueError, match="all_gather"):
         BenchConfig(collective="allgather")
-    with pytest.raises(ValueError, match="min_bytes"):
+    with pytest.raises(ValueError, match="--min-bytes 64 and --max-bytes 8"):
         BenchConfig(min_bytes=64, max_bytes=8)
     with pytest.raises(ValueError, match="dtype"):
         BenchConfig(dtype="float8")

@@ -131,13 +131,13 @@ def test_a_users_model_with_sdpa_trains_with_cp_and_zero_to_the_one_process_loss
     assert torch.allclose(result["eval"], result["eval_ref"], atol=1e-5)
 
 
-def test_the_mesh_folds_cp_between_tp_and_pp() -> None:
+def test_the_mesh_folds_cp_between_tp_and_dp() -> None:
     m = MeshShape(dp=2, tp=2, pp=1, cp=2)
     assert m.tp_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert m.cp_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert m.dp_groups() == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert m.dp_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert m.dp_cp_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]  # gradients: over DP x CP
-    assert MeshShape(dp=2, tp=2, pp=2).pp_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]  # cp = 1: as before
+    assert MeshShape(dp=2, tp=2, pp=2).pp_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]  # pp outermost
 
 
 def test_cp_refusals_name_the_flag() -> None:

@@ -117,9 +117,9 @@ def _stage_experts(rank: int) -> dict[str, Any]:
 def test_under_pp_a_stage_steps_and_shards_only_its_own_experts() -> None:
     """Another stage's experts get no gradient here: in the shard, weight decay alone would move them."""
     results = spawn(_stage_experts, 4, timeout_s=120)
-    assert [r["stage"] for r in results] == [0, 1, 0, 1]
+    assert [r["stage"] for r in results] == [0, 0, 1, 1]  # Megatron's order: pp outermost
     for r in results:
         assert r["own"] and r["own"] != r["all"]  # each stage holds some of the MoE layers
         assert r["stepped"] == r["sharded"] == r["own"]
         assert r["elements"] == r["shard"] == r["own_elements"]  # DP 2 = EP 2: EDP groups of 1
-    assert sorted(results[0]["own"] + results[1]["own"]) == results[0]["all"]
+    assert sorted(results[0]["own"] + results[2]["own"]) == results[0]["all"]

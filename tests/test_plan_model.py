@@ -342,7 +342,7 @@ def test_plan_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     documented = set(OUTPUTS["plan"].keys)
     actual = (
         set(data) | {f"breakdown.{k}" for k in data["breakdown"]} | {f"memory.{k}" for k in data["memory"]}
-    )
+    ) | {f"network.{k}" for k in data["network"]}
     assert documented == actual
     assert data["step_s"] == pytest.approx(sum(data["breakdown"].values()))
     peak = 989.5e12 * 16

@@ -203,7 +203,9 @@ def test_search_ranks_ep_etp_and_the_fp8_recipe(tmp_path: Path) -> None:
     from ringtree.sim.training.search import search
 
     found = search(small, 64, get("dgx-h100").cluster(2), H100, "fp8", ("none",))
-    layouts = {(r.ep, r.etp, r.details["training"]["fp8_recipe"]) for r in found.rows}
+    layouts = {(r.ep, r.etp, r.details["training"]["fp8_recipe"]) for r in found.rows} | {
+        (a["ep"], a["etp"], a["fp8_recipe"]) for r in found.rows for a in r.details.get("alike", [])
+    }  # layouts of the same step and memory are folded into one row
     assert len({e for e, _, _ in layouts}) > 1 and len({f for _, _, f in layouts}) > 1
     assert found.rows == sorted(found.rows, key=lambda r: r.step_s)
     assert all(r.memory is not None and r.memory["total_GiB"] * GiB > 0 for r in found.rows)

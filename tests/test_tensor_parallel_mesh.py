@@ -8,12 +8,12 @@ from ringtree.parallel import MeshShape
 from ringtree.topology import Topology
 
 
-def test_layout_tp_innermost_then_pp_then_dp() -> None:
-    shape = MeshShape(dp=2, tp=2, pp=2)
+def test_layout_tp_innermost_then_dp_then_pp_outermost() -> None:
+    shape = MeshShape(dp=2, tp=2, pp=2)  # Megatron-LM's order: rank = (pp_rank * dp + dp_rank) * tp + tp_rank
     assert sorted(shape.tp_groups()) == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert sorted(shape.pp_groups()) == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert sorted(shape.dp_groups()) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert [shape.coordinates(r) for r in (0, 3, 5)] == [(0, 0, 0), (0, 1, 1), (1, 1, 0)]
+    assert sorted(shape.dp_groups()) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert sorted(shape.pp_groups()) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [shape.coordinates(r) for r in (0, 3, 5)] == [(0, 0, 0), (1, 1, 0), (0, 1, 1)]
     assert all(shape.rank_of(*shape.coordinates(r)) == r for r in range(8))
 
 

@@ -175,6 +175,8 @@ def _row(est: Any, cluster: Any, nbytes: int, collective: str = "all-reduce") ->
         "ranks": p,
         "nodes": cluster.nodes,
         "gpus_per_node": cluster.gpus_per_node,
+        "nics_per_node": cluster.nics_per_node,
+        "nic_GBps": cluster.inter.bandwidth_Bps / 1e9,
         "bytes": nbytes,
         "time_s": est.seconds,
         "method": est.method,
@@ -224,10 +226,7 @@ def _print_crossovers(cluster: Any, node_counts: list[int]) -> None:
 
 
 def _title(cluster: Any) -> str:
-    return (
-        f"{cluster.gpus_per_node} per node, intra {cluster.intra.name}, inter {cluster.inter.name}, "
-        f"{cluster.nics_per_node} NIC(s) per node"
-    )
+    return str(cluster.per_node())
 
 
 @app.command()

@@ -1,6 +1,7 @@
 """Data, tensor, pipeline, context and expert parallelism: DDP, ZeRO, master-rank DP, the mesh,
 parallel layers, the mixture-of-experts layer and its expert parallelism; local SGD and DiLoCo."""
 
+from ringtree.comm.powersgd import PowerSGD
 from ringtree.parallel.context import SDPA, ContextParallel
 from ringtree.parallel.ddp import DistributedDataParallel, SyncStats
 from ringtree.parallel.diloco import DiLoCo
@@ -33,6 +34,7 @@ __all__ = [
     "ParallelBlock",
     "ParallelMLP",
     "ParallelSelfAttention",
+    "PowerSGD",
     "RowParallelLinear",
     "ShardedDataParallel",
     "SyncStats",

@@ -34,6 +34,7 @@ from torch import nn
 
 from ringtree import comm
 from ringtree.comm import shm
+from ringtree.comm.powersgd import PowerSGD
 from ringtree.parallel import placement
 from ringtree.parallel.async_reduce import Launcher, Span, make_launcher
 from ringtree.parallel.buckets import MB, Allocator, Bucket, build
@@ -92,7 +93,9 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
     """A drop-in for torch.nn.parallel.DistributedDataParallel with a pluggable all-reduce algorithm.
 
     `algorithm`: any of ringtree.comm.algorithms() ("native" is torch's own). `compression`:
-    None, "fp16" or "bf16": buckets travel in that dtype and return into the fp32 gradients.
+    None, "fp16" or "bf16": buckets travel in that dtype and return into the fp32 gradients;
+    a `PowerSGD(...)` (or "powersgd": `PowerSGD()`): buckets travel as low-rank factors, their
+    P and Q summed by `algorithm` (ringtree.comm.powersgd), the state in `self.powersgd`.
     `overlap=False` launches every bucket after backward's compute (to measure what overlap buys).
     """
 
@@ -106,7 +109,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         find_unused_parameters: bool = False,
         *,
         algorithm: str = "ring",
-        compression: str | None = None,
+        compression: str | PowerSGD | None = None,
         overlap: bool = True,
         timeout_s: float = comm.DEFAULT_TIMEOUT_S,
         **torch_only: Any,
@@ -120,12 +123,16 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
             )
         self.module = module
         self.device_ids = device_ids
-        self.algorithm, self.compression, self.overlap = algorithm, compression, overlap
+        self.powersgd = _powersgd(compression)
+        self.compression = "powersgd" if self.powersgd is not None else compression
+        self.algorithm, self.overlap = algorithm, overlap
         self.find_unused_parameters = find_unused_parameters
         self.broadcast_buffers = broadcast_buffers
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
-        self._launcher: Launcher = make_launcher(algorithm, process_group, timeout_s)
+        self._launcher: Launcher = make_launcher(
+            algorithm, process_group, timeout_s, None if self.powersgd is None else self._powersgd_reducer()
+        )
         self._timeout_s = timeout_s
         # the group's first rank is the source (a subgroup, e.g. a mesh's dp_group, may not hold rank 0)
         self._src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
@@ -241,14 +248,45 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
 
     def _fill(self, bucket: Bucket, i: int, param: torch.Tensor) -> None:
         """Put param's gradient, divided by the world size (torch's DDP divides, then sums), into
-        its slice of the bucket in one pass, and make that slice its `.grad`."""
+        its slice of the bucket in one pass, and make that slice its `.grad`. PowerSGD takes the
+        gradient whole, as torch's hook does (its error feedback keeps the undivided gradient)."""
         view, grad = bucket.view(i), param.grad
         assert grad is not None
+        divisor = 1 if self.powersgd is not None else self.world_size
         if bucket.holds(i, grad):
-            view.div_(self.world_size)
-        else:
-            torch.div(grad, self.world_size, out=view)
+            if divisor != 1:
+                view.div_(divisor)
+        elif divisor != 1:
+            torch.div(grad, divisor, out=view)
             param.grad = view
+        else:
+            view.copy_(grad)
+            param.grad = view
+
+    def _powersgd_reducer(self) -> Any:
+        """What the launcher runs per bucket with PowerSGD: its sums on ringtree's `algorithm`.
+        (A weak reference: the launcher's thread must not keep this wrapper alive.)"""
+        owner = weakref.ref(self)
+
+        def reduce(j: int, tensor: torch.Tensor, validate: bool) -> None:
+            self = owner()
+            assert self is not None and self.powersgd is not None
+            bucket = self.buckets[j]
+
+            def all_reduce(t: torch.Tensor) -> None:
+                if t.numel():  # every rank's bucket splits alike: all skip the same empty sums
+                    comm.all_reduce(
+                        t,
+                        "sum",
+                        self.algorithm,
+                        self.process_group,
+                        timeout_s=self._timeout_s,
+                        validate=validate,
+                    )
+
+            self.powersgd.reduce(j, bucket.buffer, bucket.views, self.world_size, all_reduce)
+
+        return reduce
 
     def _mark_ready(self, bucket: Bucket, i: int) -> None:
         bucket.ready.add(i)
@@ -264,7 +302,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             bucket = self.buckets[self._next_bucket]
             payload = bucket.buffer
-            if self.compression is not None:
+            if self.compression in COMPRESSION:
                 payload = payload.to(COMPRESSION[self.compression])
             self._payloads[bucket.index] = payload
             # the last bucket completes backward's gradients: the end-of-backward callback, on
@@ -295,8 +333,10 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
             self._exposed_s += time.perf_counter() - started
             # every rank runs this all-reduce (same setting), whether or not it missed gradients
             used = self._globally_used(local_used) if self.find_unused_parameters else None
-            if missing or self.compression is not None:
+            if missing or self.compression in COMPRESSION:
                 self._write_back(used)
+            if self.powersgd is not None:
+                self.powersgd.step_done()
             self._validated = True
             self.last_sync = SyncStats(_union(spans), self._exposed_s, spans)
         finally:
@@ -321,7 +361,7 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         k = 0
         with torch.no_grad():
             for bucket in self.buckets:
-                if self.compression is not None:
+                if self.compression in COMPRESSION:
                     bucket.buffer.copy_(self._payloads[bucket.index])
                 for i, p in enumerate(bucket.params):
                     if used is not None and not used[k]:
@@ -340,11 +380,18 @@ class DistributedDataParallel(SyncSwitch, nn.Module):
         self._exposed_s = 0.0
 
 
-def _check_arguments(bucket_cap_mb: float, compression: str | None, torch_only: dict[str, Any]) -> None:
+def _check_arguments(
+    bucket_cap_mb: float, compression: str | PowerSGD | None, torch_only: dict[str, Any]
+) -> None:
     if bucket_cap_mb <= 0:
         raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}; torch's default is 25")
-    if compression is not None and compression not in COMPRESSION:
-        raise ValueError(f"unknown compression {compression!r}; choose None, 'fp16' or 'bf16'")
+    known = (
+        compression is None or isinstance(compression, PowerSGD) or compression in (*COMPRESSION, "powersgd")
+    )
+    if not known:
+        raise ValueError(
+            f"unknown compression {compression!r}; choose None, 'fp16', 'bf16', 'powersgd' or a PowerSGD(...)"
+        )
     unknown = sorted(set(torch_only) - set(_TORCH_ONLY_DEFAULTS))
     if unknown:
         raise TypeError(f"DistributedDataParallel got unexpected argument(s) {', '.join(unknown)}")
@@ -356,6 +403,14 @@ def _check_arguments(bucket_cap_mb: float, compression: str | None, torch_only: 
                 f"ringtree's DistributedDataParallel ignores {name}={value!r} (torch-only option)",
                 stacklevel=3,
             )
+
+
+def _powersgd(compression: str | PowerSGD | None) -> PowerSGD | None:
+    """The PowerSGD state a `compression` argument asks for ("powersgd": torch's defaults)."""
+    if isinstance(compression, PowerSGD):
+        compression.bind()
+        return compression
+    return PowerSGD() if compression == "powersgd" else None
 
 
 def _broadcast_algorithm(algorithm: str) -> str:

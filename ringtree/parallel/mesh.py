@@ -1,13 +1,14 @@
 """A process mesh: the world split into tensor-, context-, data- and pipeline-parallel groups.
 
-Ranks are laid out with tp innermost (adjacent ranks, so the same node under torchrun), then cp,
-then pp, then dp outermost: rank = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
-(with cp = 1: dp_rank * (pp * tp) + pp_rank * tp + tp_rank). A tensor-parallel group talks on
-every layer, so it must sit inside one node when the topology has several nodes; a context-
-parallel group passes K/V on every attention layer, so it comes next; then the stages of one
-pipeline (point-to-point every micro-batch), and the data-parallel replicas, which talk once per
-step, span the nodes. Gradients of parameters replicated over CP (all of them) are reduced over
-DP x CP together (`dp_cp_groups`), where other dimensions can also fold their ranks.
+Ranks are placed by `ringtree.ranks.Placement`, in Megatron-LM's order with tp innermost (adjacent
+ranks, so the same node under torchrun), then cp, then dp, then pp outermost:
+rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank. A tensor-parallel group talks on
+every layer, so it must sit inside one node when the topology has several nodes; a context-parallel
+group passes K/V on every attention layer, so it comes next; then the data-parallel replicas, which
+reduce gradients once per step, and the pipeline stages outermost: each boundary between two stages
+carries only one micro-batch's activations per rank. The planner prices the same groups.
+Gradients of parameters replicated over CP (all of them) are reduced over DP x CP together
+(`dp_cp_groups`), where other dimensions can also fold their ranks.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ringtree.ranks import Placement
 from ringtree.topology import Topology
 
 
@@ -35,55 +37,44 @@ class MeshShape:
                 raise ValueError(f"{name} must be at least 1, got {name}={degree}")
 
     @property
+    def placement(self) -> Placement:
+        return Placement(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
+
+    @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         """(dp_rank, tp_rank, pp_rank) of a global rank (its cp_rank: `cp_rank`)."""
-        inner = self.tp * self.cp
-        return rank // (self.pp * inner), rank % self.tp, (rank // inner) % self.pp
+        c = self.placement.coordinates(rank)
+        return c.dp, c.tp, c.pp
 
     def cp_rank(self, rank: int) -> int:
         """The context-parallel coordinate of a global rank."""
-        return (rank // self.tp) % self.cp
+        return self.placement.coordinates(rank).cp
 
     def rank_of(self, dp_rank: int, tp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
-        return ((dp_rank * self.pp + pp_rank) * self.cp + cp_rank) * self.tp + tp_rank
-
-    def _others(self, *fixed: str) -> list[dict[str, int]]:
-        """Every combination of coordinates of the dimensions not in `fixed` (outermost first)."""
-        ranges = {"pp": self.pp, "dp": self.dp, "tp": self.tp, "cp": self.cp}
-        combos: list[dict[str, int]] = [{}]
-        for name in ("pp", "dp", "tp", "cp"):
-            if name not in fixed:
-                combos = [c | {name: i} for c in combos for i in range(ranges[name])]
-        return combos
-
-    def _group(self, c: dict[str, int]) -> int:
-        return self.rank_of(c.get("dp", 0), c.get("tp", 0), c.get("pp", 0), c.get("cp", 0))
+        return self.placement.rank(tp=tp_rank, cp=cp_rank, dp=dp_rank, pp=pp_rank)
 
     def tp_groups(self) -> list[list[int]]:
         """Each group of tp adjacent ranks: one per (pp, dp, cp) coordinate."""
-        return [[self._group(c | {"tp": t}) for t in range(self.tp)] for c in self._others("tp")]
+        return self.placement.tp_groups()
 
     def dp_groups(self) -> list[list[int]]:
         """Ranks holding the same model shard and tokens: one group per (pp, tp, cp) coordinate."""
-        return [[self._group(c | {"dp": d}) for d in range(self.dp)] for c in self._others("dp")]
+        return self.placement.dp_groups()
 
     def pp_groups(self) -> list[list[int]]:
         """The stages of one pipeline: one group per (dp, tp, cp) coordinate."""
-        return [[self._group(c | {"pp": p}) for p in range(self.pp)] for c in self._others("pp")]
+        return self.placement.pp_groups()
 
     def cp_groups(self) -> list[list[int]]:
         """Ranks splitting the same sequences: one group per (pp, dp, tp) coordinate."""
-        return [[self._group(c | {"cp": k}) for k in range(self.cp)] for c in self._others("cp")]
+        return self.placement.cp_groups()
 
     def dp_cp_groups(self) -> list[list[int]]:
         """Ranks holding the same model shard, over which its gradients are reduced: DP x CP."""
-        return [
-            sorted(self._group(c | {"dp": d, "cp": k}) for d in range(self.dp) for k in range(self.cp))
-            for c in self._others("dp", "cp")
-        ]
+        return self.placement.dp_cp_groups()
 
     def check_topology(self, topology: Topology, allow_cross_node_tp: bool = False) -> None:
         """Raise ValueError unless the mesh fills the topology and (by default) each TP group fits a node."""

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ringtree.parallel import Mesh
+from ringtree.parallel import DistributedDataParallel, Mesh
 from ringtree.parallel.mismatch import check_keys
 from ringtree.processes import restart_count
 from ringtree.train import checkpoint, expert_checkpoint, layout, sharded_checkpoint, tensor_parallel
@@ -118,7 +118,26 @@ class Checkpointer:
             torch.set_rng_state(state["rng"])
         if self.amp.scaler is not None and "scaler" in state:
             self.amp.scaler.load_state_dict(state["scaler"])
+        self._load_powersgd(state.get("powersgd"))
         return int(state["step"])
+
+    def _load_powersgd(self, saved: list[list[dict[str, Any]]] | None) -> None:
+        """This rank's PowerSGD states (error buffers, P and Q memories, iteration) from a dense
+        checkpoint whose ranks held the same buckets; otherwise they start afresh (the model
+        resumes all the same: only the compression's memory of past steps is lost)."""
+        mine = self.parallel.powersgd
+        if not mine:
+            return
+        entries = None if saved is None or len(saved) != dist.get_world_size() else saved[self.rank]
+        buckets = [_bucket_sizes(d) for d in mine]
+        if entries is None or [e["buckets"] for e in entries] != buckets:
+            if self.rank == 0:
+                print("# the checkpoint holds no PowerSGD state for these buckets: its memories start afresh")
+            return
+        device = next(self.net.parameters()).device
+        for ddp, entry in zip(mine, entries, strict=True):
+            assert ddp.powersgd is not None
+            ddp.powersgd.load_state_dict(entry["state"], device)
 
     def _resume_sharded(self, path: Any, record: dict[str, Any]) -> int:
         """Continue from a torch.distributed.checkpoint folder (saved with --zero, at any DP size)."""
@@ -228,6 +247,7 @@ class Checkpointer:
         cfg, pipe = self.cfg, self.parallel.pipe
         if pipe is not None:
             gather_stages(pipe.stages, self.mesh.pp_rank, self.mesh.pp_group)
+        powersgd = self._gather_powersgd()
         model = tensor_parallel.model_state(self.net, self.dense)  # dense: resumes at any --tp
         optimizer = tensor_parallel.optimizer_state(self.net, self.optimizer, self._owned())
         if pipe is not None:
@@ -243,6 +263,8 @@ class Checkpointer:
             }
             if self.amp.scaler is not None:
                 state["scaler"] = self.amp.scaler.state_dict()
+            if powersgd is not None:
+                state["powersgd"] = powersgd
             keep = cfg.get("keep_checkpoints")
             if self.writer is not None:  # a copy (training changes the tensors), written meanwhile
                 copy = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, state)
@@ -251,6 +273,15 @@ class Checkpointer:
             checkpoint.save(cfg.checkpoint_dir, state, keep=keep)  # type: ignore[arg-type]
         if self.writer is None:
             dist.barrier()  # no rank runs ahead of a checkpoint that may still be written
+
+    def _gather_powersgd(self) -> list[list[dict[str, Any]]] | None:
+        """Every rank's PowerSGD states, indexed by global rank (collective; None without PowerSGD):
+        the error buffers differ from rank to rank, so rank 0 writes them all."""
+        if self.cfg.compression != "powersgd":
+            return None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, [_powersgd_entry(d) for d in self.parallel.powersgd])
+        return gathered
 
     def _share(self) -> expert_checkpoint.Share | None:
         """This rank's share of an expert-parallel run (None without EP: the other layouts' paths)."""
@@ -280,6 +311,17 @@ class Checkpointer:
             return None
         mine = {id(p) for p in pipe.stages[self.mesh.pp_rank].parameters()}
         return {i for i, p in enumerate(self.net.parameters()) if id(p) in mine}
+
+
+def _powersgd_entry(ddp: DistributedDataParallel) -> dict[str, Any]:
+    """What a checkpoint keeps of one DDP's PowerSGD: its state, and the buckets it belongs to."""
+    assert ddp.powersgd is not None
+    return {"buckets": _bucket_sizes(ddp), "state": ddp.powersgd.state_dict()}
+
+
+def _bucket_sizes(ddp: DistributedDataParallel) -> list[int]:
+    """The elements of each of a DDP's buckets: what PowerSGD's per-bucket memories are keyed by."""
+    return [b.buffer.numel() for b in ddp.buckets]
 
 
 def check_resumable(cfg: TrainConfig, model: nn.Module) -> None:

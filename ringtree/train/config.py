@@ -32,7 +32,7 @@ MODES = ("ddp", "dp", "dp-threads", "dp-threads-balanced")
 LANGUAGE_MODELS = ("gpt", "gpt-tied", "moe")  # they read token ids [b, t] and predict every next token
 THREAD_MODES = ("dp-threads", "dp-threads-balanced")  # one process, torch's DataParallel (the seeds)
 DEVICES = ("auto", "cpu", "cuda")
-COMPRESSIONS = ("fp16", "bf16")
+COMPRESSIONS = ("fp16", "bf16", "powersgd")
 BALANCES = ("params", "time")
 MASTER_ALGORITHMS = ("native", "ring", "tree", "ps")  # what --mode dp's reduce and broadcast run
 SYNCS = ("ddp", "local-sgd", "diloco", "streaming-diloco")  # how the replicas synchronise (--sync)
@@ -44,6 +44,8 @@ RECIPE_FIELDS = ("lr", "epochs", "batch_size")  # None: from the model's recipe 
 DEFAULTS: dict[str, Any] = {
     "bucket_mb": 25.0,  # torch DDP's default fusion-bucket cap
     "overlap": True,
+    "powersgd_rank": 1,  # torch's PowerSGDState defaults: rank 1, plain all-reduce for 1000 steps
+    "powersgd_start_iter": 1000,
     "micro_batches": 4,
     "schedule": "1f1b",
     "virtual_stages": 2,  # interleaved 1F1B: two chunks a stage halve the bubble (Megatron-LM)
@@ -175,8 +177,16 @@ class TrainConfig:
     threads: int | None = _opt(None, "Devices of --mode dp-threads: every GPU, or N CPU copies [2].")
     algorithm: str = _opt("ring", "All-reduce algorithm: native, ring, tree, double_tree, ps, ...")
     bucket_mb: float | None = _opt(None, "DDP fusion bucket cap in MB [25].")
-    compression: str | None = _opt(None, "fp16 or bf16: DDP buckets travel in half precision.")
+    compression: str | None = _opt(
+        None, "fp16 or bf16: DDP buckets travel in half precision; powersgd: as low-rank factors."
+    )
     overlap: bool | None = _opt(None, "Launch DDP buckets during backward (--no-overlap: after) [on].")
+    powersgd_rank: int | None = _opt(
+        None, "Columns of PowerSGD's P and Q (needs --compression powersgd) [1]."
+    )
+    powersgd_start_iter: int | None = _opt(
+        None, "Optimizer steps with a plain all-reduce before PowerSGD compresses (needs it) [1000]."
+    )
     batch_size: int | None = _opt(None, "Samples per DP rank and micro-batch [the model's recipe].")
     epochs: int | None = _opt(None, "Passes over the training split [the model's recipe].")
     lr: float | None = _opt(None, "AdamW learning rate [the model's recipe].")
@@ -329,6 +339,7 @@ def _check_values(cfg: TrainConfig) -> None:
     _choice("amp", cfg.amp, AMP_MODES)
     if cfg.compression is not None:
         _choice("compression", cfg.compression, COMPRESSIONS)
+    _check_powersgd(cfg)
     if cfg.schedule is not None:
         _choice("pipeline schedule", cfg.schedule, tuple(SCHEDULES))
     if cfg.pp_balance is not None:
@@ -380,6 +391,30 @@ _NEEDS = (
     ("distill_alpha", "teacher", "--distill-alpha needs --teacher; drop it or add --teacher"),
     ("cp_comm", "cp", "--cp-comm needs --cp 2 or more; drop it or add --cp"),
 )
+
+
+def _check_powersgd(cfg: TrainConfig) -> None:
+    """--powersgd-rank >= 1 and --powersgd-start-iter >= 0, each only with --compression powersgd."""
+    if cfg.powersgd_rank is not None and cfg.powersgd_rank < 1:
+        raise ValueError(
+            f"--powersgd-rank must be at least 1 (columns of P and Q), got {cfg.powersgd_rank}; "
+            "start from 1 and double it until the accuracy is good enough"
+        )
+    if cfg.powersgd_start_iter is not None and cfg.powersgd_start_iter < 0:
+        raise ValueError(f"--powersgd-start-iter must be 0 or more, got {cfg.powersgd_start_iter}")
+    for name in ("powersgd_rank", "powersgd_start_iter"):
+        if getattr(cfg, name) is not None and cfg.compression != "powersgd":
+            raise ValueError(f"{flag(name)} configures --compression powersgd; add it or drop {flag(name)}")
+    if cfg.compression == "powersgd" and cfg.amp == "fp16":
+        raise ValueError(
+            "--compression powersgd keeps each step's compression error for the next, which --amp "
+            "fp16's changing loss scale and skipped overflow steps would corrupt; use --amp bf16"
+        )
+    if cfg.compression == "powersgd" and cfg.ep > 1:
+        raise ValueError(
+            f"--compression powersgd compresses DDP's buckets, and --ep {cfg.ep} reduces the experts "
+            "outside them; drop one of the two"
+        )
 
 
 def _check_moe_values(cfg: TrainConfig) -> None:
@@ -529,6 +564,8 @@ def _bucket_options(cfg: TrainConfig) -> list[tuple[str, Any]]:
         ("--bucket-mb", cfg.bucket_mb),
         ("--compression", cfg.compression),
         ("--overlap/--no-overlap", cfg.overlap),
+        ("--powersgd-rank", cfg.powersgd_rank),
+        ("--powersgd-start-iter", cfg.powersgd_start_iter),
     ]
 
 
@@ -779,6 +816,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("virtual_stages")
     if cfg.zero:
         dropped |= {"compression", "overlap"}  # refused with --zero: ShardedDataParallel has neither
+    if cfg.compression != "powersgd" or cfg.zero or cfg.mode != "ddp":
+        dropped |= {"powersgd_rank", "powersgd_start_iter"}
     if cfg.teacher is None:
         dropped |= {"distill_temperature", "distill_alpha"}
     if not cfg.checkpoint_activations:

@@ -35,6 +35,7 @@ from ringtree.parallel import (
     DistributedDataParallel,
     MasterDataParallel,
     Mesh,
+    PowerSGD,
     ShardedDataParallel,
 )
 from ringtree.parallel.context import has_attention
@@ -75,6 +76,13 @@ class Parallelized:
     trained: list[nn.Parameter]
     segments: int
     experts: ExpertParallel | None = None  # models with MoE layers: reduces and balances the experts
+
+    @property
+    def powersgd(self) -> list[DistributedDataParallel]:
+        """This rank's DDPs (a stage's, each chunk's) that compress with PowerSGD, in order."""
+        model = self.model if self.pipe is None else self.pipe.ddp
+        ddps = model.ddps if isinstance(model, ChunkDDPs) else [model]
+        return [d for d in ddps if isinstance(d, DistributedDataParallel) and d.powersgd is not None]
 
     @property
     def sharded(self) -> ShardedDataParallel | None:
@@ -188,11 +196,18 @@ def data_parallel(module: nn.Module, cfg: TrainConfig, mesh: Mesh, overlap: bool
         module,
         bucket_cap_mb=cfg.get("bucket_mb"),
         algorithm=cfg.algorithm,
-        compression=cfg.compression,
+        compression=compression(cfg),
         overlap=overlap,
         timeout_s=cfg.get("timeout_s"),
         process_group=mesh.dp_cp_group,
     )
+
+
+def compression(cfg: TrainConfig) -> str | PowerSGD | None:
+    """--compression for one DDP: powersgd is a state of its own per wrapper (stage, chunk)."""
+    if cfg.compression != "powersgd":
+        return cfg.compression
+    return PowerSGD(rank=cfg.get("powersgd_rank"), start_iter=cfg.get("powersgd_start_iter"))
 
 
 def _checkpointed(net: nn.Module, cfg: TrainConfig) -> tuple[nn.Module, int]:

@@ -76,7 +76,11 @@ class ClusterOptions:
                 f"--cluster {self.name} and --calibration both describe the links: pass one of them"
             )
         c = preset_cluster(self.name, self.nodes, self.gpus_per_node, self.intra, self.inter)
-        return dataclasses.replace(c, nics_per_node=self.nics_per_node) if self.nics_per_node else c
+        if self.nics_per_node:
+            return dataclasses.replace(c, nics_per_node=self.nics_per_node)
+        if self.inter is not None and c.nics_per_node != 1:
+            typer.echo(kept_nics_notice(self.name, self.inter, c.nics_per_node), err=True)
+        return c
 
     def gpu(self) -> Any:
         from ringtree.sim.network.clusters import get
@@ -89,8 +93,17 @@ class ClusterOptions:
         return get(self.name).gpu
 
 
+def kept_nics_notice(preset: str, inter: str, nics: int) -> str:
+    """Said once when --inter replaces a preset's NIC but not how many it has."""
+    return (
+        f"note: --inter {inter} kept --cluster {preset}'s {nics} NICs per node; "
+        f"pass --nics-per-node N for the ports each node really has (one 10 GbE port: --nics-per-node 1)"
+    )
+
+
 def cluster_title(cluster: Any) -> str:
-    return f"{cluster.nodes} x {cluster.gpus_per_node}, {cluster.intra.name} / {cluster.inter.name}"
+    """The cluster in one line: nodes, and what each has (GPUs, NICs and each NIC's speed)."""
+    return f"{cluster.nodes} node(s) of {cluster.per_node()}"
 
 
 def refuse(options: list[str], what: str) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from ringtree.cli.app import app
 from ringtree.cli.output import check_output
 from ringtree.cli.plan import data_parallel as dp
@@ -29,6 +31,7 @@ from ringtree.cli.plan.cluster import (
 )
 from ringtree.cli.plan.lowcomm import SyncOptions, sync_options
 from ringtree.cli.plan.moe import MoeOptions, moe_options
+from ringtree.cli.plan.presets import resolve
 
 
 @app.command()
@@ -98,11 +101,15 @@ def plan(
 ) -> None:
     """Predict the step time of training on a cluster: data parallel per algorithm, or a transformer
     under DP x TP x PP; --search ranks configurations, --from-run scales a finished run."""
-    from ringtree.sim.training.plan import MODELS
     from ringtree.sim.training.transformer import MODELS as TRANSFORMERS
 
     check_output(json_path, "--json")
     check_output(plot, "--plot")
+    if model is not None:
+        try:
+            model = resolve(model)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(
         x is not None
@@ -144,7 +151,8 @@ def plan(
         refuse(named + sync.given(), "--from-run (the step comes from the run)")
         return run_scaling.run(from_run, links, algorithm, json_path, plot)
     dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
-    only = model == "transformer" or (model in TRANSFORMERS and model not in MODELS) or transformer_only
+    # a transformer preset with --compute-time or --measure: its parameter count, data-parallel planner
+    only = model == "transformer" or transformer_only or (model in TRANSFORMERS and not dp_inputs)
     transformer = only or (model in TRANSFORMERS and not dp_inputs)
     if transformer and dp_inputs:
         refuse(["--compute-time" if compute_time is not None else "--measure"], "the transformer model")

@@ -91,6 +91,7 @@ def run(
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
     _print(result, config, cluster)
+    console.print(f"planner: {result['planner']} ({data_parallel_model(config)})", highlight=False)
     explain_plan(result, config, cluster, links.calibration)
     if pp > 1:
         result["pipeline"] = _pipeline(pp, micro_batches, schedule, seconds, cluster, activation_mb)
@@ -122,6 +123,7 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
     head = next(r for r in rows if r["algorithm"] == chosen)
     return {
         **head,
+        "planner": "data-parallel",
         "recommended_algorithm": best,
         "reason": reason,
         "grad_bytes": config.grad_bytes,
@@ -132,8 +134,19 @@ def _plan(config: Any, cluster: Any, algorithm: str) -> dict[str, Any]:
     }
 
 
+def data_parallel_model(config: Any) -> str:
+    """What the data-parallel planner models, in words (where it differs from the transformer one)."""
+    when = "overlapped with the backward" if config.overlap else "after the backward"
+    return (
+        f"the whole model on every GPU, the typed compute time, {config.params / 1e6:,.0f}M gradients "
+        f"in {config.grad_dtype if config.compression is None else config.compression} all-reduced {when}, "
+        "no ZeRO, pipeline or TP in the step (--pp, --tp: priced beside it); the transformer planner "
+        "(--global-batch) models the layout"
+    )
+
+
 def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, activation_mb: float) -> Any:
-    """The pipeline step replayed over the intra-node link (the inter-node one when pp spans nodes)."""
+    """The pipeline step replayed over the link of its slowest stage boundary, as the ranks are placed."""
     from ringtree.schedules.pipeline import check_pipeline
     from ringtree.sim.training.plan import predict_pipeline
 
@@ -141,7 +154,7 @@ def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, acti
         check_pipeline(pp, m, schedule, "params")
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    link = cluster.intra if pp <= cluster.gpus_per_node else cluster.inter
+    link = _stage_link(cluster, pp)
     out = predict_pipeline(schedule, pp, m, seconds, link, int(activation_mb * 1e6))
     from ringtree.schedules.pipeline import ZERO_BUBBLE
     from ringtree.sim.training.pipeline import FORMULAS
@@ -155,6 +168,17 @@ def _pipeline(pp: int, m: int, schedule: str, seconds: float, cluster: Any, acti
         highlight=False,
     )
     return out
+
+
+def _stage_link(cluster: Any, pp: int) -> Any:
+    """The slowest boundary's link with the cluster's ranks split into pp stages (pp outermost), or
+    one pipeline's p ranks placed alone when pp does not divide them."""
+    from ringtree.ranks import Placement
+    from ringtree.sim.training.plan import placed_stage_link
+
+    ranks = cluster.ranks if cluster.ranks % pp == 0 else pp
+    alone = dataclasses.replace(cluster, nodes=-(-ranks // cluster.gpus_per_node)) if ranks == pp else cluster
+    return placed_stage_link(alone, Placement(dp=ranks // pp, pp=pp, gpus_per_node=alone.gpus_per_node))
 
 
 def _tensor_parallel(
@@ -218,15 +242,16 @@ def _print(result: dict[str, Any], config: Any, cluster: Any) -> None:
 
 def _param_count(model: str | None, params: str | None, module: str | None) -> int:
     """Exactly one of a preset, a number, or a module to count."""
-    from ringtree.sim.training.plan import MODELS
+    from ringtree.cli.plan.presets import param_count, preset_names, resolve
 
     given = [x for x in (model, params, module) if x is not None]
     if len(given) != 1:
-        raise ValueError(f"give exactly one of --model ({', '.join(MODELS)}), --params or --module")
+        raise ValueError(f"give exactly one of --model ({', '.join(preset_names())}), --params or --module")
     if model is not None:
-        if model not in MODELS:
-            raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODELS)} or pass --params")
-        return MODELS[model]
+        name = resolve(model)
+        if name == "transformer":
+            raise ValueError("--model transformer needs --global-batch and its shape, not --compute-time")
+        return param_count(name)
     if params is not None:
         return parse_count(params)
     from ringtree.cli.modules import count_parameters

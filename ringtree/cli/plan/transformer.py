@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from ringtree.cli.output import console, print_table, write_json
-from ringtree.cli.plan.cluster import ClusterOptions, refuse
+from ringtree.cli.plan.cluster import ClusterOptions, cluster_title, refuse
 from ringtree.cli.plan.lowcomm import SyncOptions, tf_sync_model, tf_sync_report
 from ringtree.cli.plan.moe import MoeOptions
 
@@ -196,8 +196,8 @@ def run(
     step under each low-communication method."""
     from ringtree.sim.training.layout import CP_COMMS, Training
     from ringtree.sim.training.predictor import default_algorithm, plan
+    from ringtree.sim.training.search import alike_words, why
     from ringtree.sim.training.search import search as search_layouts
-    from ringtree.sim.training.search import why
     from ringtree.sim.training.transformer import RECOMPUTE, SEARCHED
 
     try:
@@ -262,14 +262,35 @@ def run(
             "why": why(found),
             "configurations": [r.as_dict() for r in rows[:10]],
         }
+        for i, row in enumerate(rows[:10], 1):
+            if row.details.get("alike"):
+                console.print(
+                    f"row {i} also stands for: {alike_words(row)} (same step and memory)", highlight=False
+                )
         console.print(f"why: {searched['why']}", highlight=False)
+    console.print(f"planner: transformer ({transformer_model(rows[0])})", highlight=False)
     if json_path is not None:
-        write_json(json_path, {**rows[0].as_dict(), **searched})
+        write_json(json_path, {**rows[0].as_dict(), "planner": "transformer", **searched})
     if plot is not None:
         from ringtree.plan_plot import draw
 
         draw(rows, shape, gpu, plot, search)
         console.print(f"wrote {plot}", highlight=False)
+
+
+def transformer_model(row: Any) -> str:
+    """What the transformer planner models, in words (where it differs from the data-parallel one)."""
+    t = row.details["training"]
+    when = "overlapped with the last backward" if t["overlap"] else "after the backward"
+    return (
+        f"compute from the model's FLOPs on the GPU, tp {row.tp} x cp {row.cp} x pp {row.pp} x dp "
+        f"{row.dp}, the {t['grad_dtype']} gradients reduced {when}, ZeRO {row.zero}"
+    )
+
+
+def with_article(name: str) -> str:
+    """'an A100-SXM4-80GB', 'a B200': the article as the name's first letter is spoken."""
+    return f"{'an' if name[:1].lower() in 'aefhilmnorsx' else 'a'} {name}"
 
 
 def _shape(model: str | None, dims: dict[str, Any]) -> Any:
@@ -300,8 +321,7 @@ def print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, searc
         f"ringtree plan: transformer {shape.params / 1e9:.2f}B params (l={shape.layers}, h={shape.hidden}, "
         f"a={shape.heads}, kv={shape.kv_heads}, F={shape.ffn_hidden} {shape.mlp}, s={shape.seq}, "
         f"V={shape.vocab}) "
-        f"on {cluster.nodes} x {cluster.gpus_per_node}, {cluster.intra.name} / {cluster.inter.name}, "
-        f"{gpu.name}"
+        f"on {cluster_title(cluster)}, {gpu.name}"
     )
     print_table(
         title,
@@ -336,11 +356,18 @@ def print_transformer(rows: list[Any], shape: Any, cluster: Any, gpu: Any, searc
         f"{mem['activations_GiB']:.1f} GiB of {mem['capacity_GiB']:.0f}",
         highlight=False,
     )
+    if best.tp_link == "inter":
+        console.print(
+            f"warning: the TP group of {best.tp} spans nodes of {cluster.gpus_per_node} GPUs: its "
+            f"collectives on every layer pay the network ({best.tp_comm_s:.3f} s a step); keep --tp "
+            "within a node",
+            highlight=False,
+        )
     if not mem["fits"]:
         console.print(
             f"warning: does not fit: pipeline stage {mem['fullest_stage']} needs {mem['total_GiB']:.1f} "
-            f"GiB per GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of a "
-            f"{gpu.name}; "
+            f"GiB per GPU, {mem['overflow_GiB']:.1f} GiB more than the {mem['capacity_GiB']:.0f} GiB of "
+            f"{with_article(gpu.name.upper())}; "
             "raise --tp, --pp or --cp, add --zero or --sequence-parallel, use --recompute full, or lower "
             "--micro-batch",
             highlight=False,

@@ -101,6 +101,23 @@ class Cluster:
     def with_nodes(self, nodes: int) -> Cluster:
         return dataclasses.replace(self, nodes=nodes)
 
+    def network(self) -> dict[str, Any]:
+        """What each node is assumed to have: its GPUs and their link, its NICs and each NIC's speed."""
+        return {
+            "gpus_per_node": self.gpus_per_node,
+            "intra": self.intra.name,
+            "nics_per_node": self.nics_per_node,
+            "nic": self.inter.name,
+            "nic_GBps": self.inter.bandwidth_Bps / 1e9,
+        }
+
+    def per_node(self) -> str:
+        """`network()` in words: '8 GPUs (nvlink-a100) and 1 x eth-10g (1.25 GB/s each) per node'."""
+        return (
+            f"{self.gpus_per_node} GPUs ({self.intra.name}) and {self.nics_per_node} x {self.inter.name} "
+            f"({self.inter.bandwidth_Bps / 1e9:.3g} GB/s each) per node"
+        )
+
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(dataclasses.replace(self, measured=None))
         out["measured"] = self.measured is not None  # the rows themselves are in the calibration file

@@ -96,10 +96,11 @@ class Training:
             raise ValueError(f"unknown --recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE)}")
         if self.dtype not in ("fp16", "bf16", "fp8"):
             raise ValueError(f"unknown --dtype {self.dtype!r}; choose fp16, bf16 or fp8")
-        if min(self.global_batch, self.micro_batch, self.tp, self.pp, self.cp, self.virtual_stages) < 1:
-            raise ValueError(
-                "--global-batch, --micro-batch, --tp, --pp, --cp and --virtual-stages must be at least 1"
-            )
+        counts = {"--global-batch": self.global_batch, "--micro-batch": self.micro_batch, "--tp": self.tp,
+                  "--pp": self.pp, "--cp": self.cp, "--virtual-stages": self.virtual_stages}  # fmt: skip
+        for flag, value in counts.items():
+            if value < 1:
+                raise ValueError(f"{flag} must be at least 1, got {value}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown --schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.attention_kernel not in ATTENTION_KERNELS:
@@ -273,6 +274,13 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
         )
     if model.layers < p:
         raise ValueError(f"--pp {p} exceeds the {model.layers} layers; use at most one stage per layer")
+    if not run.uneven and not _splits(model.layers, p):
+        middle = -(-model.layers // p)
+        fitting = _ranges([q for q in range(1, model.layers + 1) if _splits(model.layers, q)])
+        raise ValueError(
+            f"--pp {p} cannot split the {model.layers} layers: {middle} on each of the {p - 2} middle "
+            f"stages is {middle * (p - 2)}; choose --pp among {fitting}, or place the layers with --pp-layout"
+        )
     if run.schedule in ZERO_BUBBLE and p > 1:
         check_layers(run.schedule, p, model.layers, "--layers")
     dp = run.layout.dp(ranks)
@@ -296,6 +304,22 @@ def check(model: Transformer, run: Training, ranks: int) -> int:
             "change --global-batch or --micro-batch"
         )
     return dp
+
+
+def _splits(layers: int, p: int) -> bool:
+    """Whether `memory.stage_layers` can split the layers over p stages (ceil(l/p) on each middle one)."""
+    return layers - (p - 2) * -(-layers // p) >= 0
+
+
+def _ranges(values: list[int]) -> str:
+    """[1, 2, 3, 5, 6] -> '1-3, 5-6'."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def _check_experts(model: Transformer, run: Training, dp: int) -> None:

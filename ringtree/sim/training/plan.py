@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ringtree.ranks import Placement, Span
 from ringtree.schedules.pipeline import V_SHAPED, ZERO_BUBBLE, build, theoretical_bubble_fraction
 from ringtree.sim.network.allreduce import allreduce_time as sim_allreduce_time
 from ringtree.sim.network.closed_form import ALGORITHMS, check_algorithm
@@ -70,11 +71,10 @@ class StepConfig:
     zero: int = 0
 
     def __post_init__(self) -> None:
-        if self.params < 0 or self.compute_time_s < 0 or self.sync_wait_s < 0:
-            raise ValueError(
-                f"need params >= 0, compute time >= 0 and wait >= 0, got {self.params}, "
-                f"{self.compute_time_s}, {self.sync_wait_s}"
-            )
+        for what, value in (("the parameter count", self.params), ("--compute-time", self.compute_time_s),
+                            ("the run's wait", self.sync_wait_s)):  # fmt: skip
+            if value < 0:
+                raise ValueError(f"{what} must not be negative, got {value}")
         for name in (self.grad_dtype, self.compression):
             if name is not None and name not in DTYPE_BYTES:
                 raise ValueError(f"unknown gradient dtype {name!r}; choose one of {', '.join(DTYPE_BYTES)}")
@@ -290,6 +290,7 @@ class StepPrediction:
     ep: int = 1
     etp: int = 1
     tokens_per_s_per_gpu: float | None = None
+    network: dict[str, Any] = field(default_factory=dict)  # what each node has (`Cluster.network`)
 
     @property
     def breakdown(self) -> dict[str, float]:
@@ -358,12 +359,6 @@ def dp_group(cluster: Cluster, tp: int, dp: int) -> Cluster:
     )
 
 
-def stage_link(cluster: Cluster, inner: int) -> Link:
-    """Consecutive pipeline stages are `inner` = tp x cp x dp ranks apart: another node once that fills
-    one."""
-    return cluster.inter if inner >= cluster.gpus_per_node and cluster.nodes > 1 else cluster.intra
-
-
 def collective_s(kind: str, algorithm: str, group: Cluster | None, nbytes: int, itemsize: int) -> float:
     """One collective over a group, priced as `ringtree sim` prices an all-reduce (a calibration's
     measured rows when the cluster has them): a reduce-scatter or an all-gather is half an all-reduce,
@@ -397,20 +392,83 @@ class _Groups:
     replicas: Cluster | None = None  # with a shard group: one rank of each, dp / S ranks
 
 
-def _groups(cluster: Cluster, layout: Layout, dp: int) -> _Groups:
+def _groups(cluster: Cluster, layout: Layout, dp: int, work: StepWork | None = None) -> _Groups:
+    """Each collective's group as `ringtree.ranks.Placement` puts its ranks on the nodes (Megatron's
+    order, pp outermost): a group over k nodes pays the network with the NICs it shares there with
+    the other groups of its kind; the stage link is the slowest boundary's (`placed_stage_link`)."""
     tp, cp = layout.tp, layout.cp
-    tp_g = tp_group(cluster, tp, layout.spread_tp) if tp > 1 else None
-    cp_g = dp_group(cluster, tp, cp) if cp > 1 else None
+    where = placement(cluster, layout, dp, work)
+    tp_g = (
+        (tp_group(cluster, tp, True) if layout.spread_tp else placed(cluster, where, "tp"))
+        if tp > 1
+        else None
+    )
+    cp_g = placed(cluster, where, "cp") if cp > 1 else None
+    stage = placed_stage_link(cluster, where)
     if layout.spread_tp:  # dp innermost: each DP group fills nodes by itself
         local = min(dp, cluster.gpus_per_node)
         dp_g = dataclasses.replace(cluster, nodes=-(-dp // local), gpus_per_node=local)
     elif layout.shard_group and layout.shard_group < dp:  # HSDP: shard inside, replicate across
         s = layout.shard_group
-        replicas = dp_group(cluster, tp * cp * s, dp // s)
-        return _Groups(tp_g, cp_g, dp_group(cluster, tp, s * cp), stage_link(cluster, tp * cp * dp), replicas)
+        shards = _placed_span(cluster, where.span(tp, s * cp))
+        replicas = _placed_span(cluster, where.span(tp * cp * s, dp // s))
+        return _Groups(tp_g, cp_g, shards, stage, replicas)
     else:
-        dp_g = dp_group(cluster, tp, dp * cp)
-    return _Groups(tp_g, cp_g, dp_g, stage_link(cluster, tp * cp * dp))
+        dp_g = placed(cluster, where, "dp_cp")
+    return _Groups(tp_g, cp_g, dp_g, stage)
+
+
+def placement(cluster: Cluster, layout: Layout, dp: int, work: StepWork | None = None) -> Placement:
+    """Where the layout's ranks sit on the cluster's nodes (with the work's expert mesh)."""
+    ep, etp = (work.ep, work.etp) if work is not None else (1, 1)
+    return Placement(
+        layout.tp, layout.cp, dp, layout.pp, ep, etp, layout.virtual_stages, cluster.gpus_per_node
+    )
+
+
+def placed(cluster: Cluster, where: Placement, kind: str) -> Cluster:
+    """The cluster one group of `kind` (`Placement.progression`'s words) sees where it sits."""
+    return _placed_span(cluster, _span(where, kind))
+
+
+@functools.lru_cache(maxsize=4096)
+def _span(where: Placement, kind: str) -> Span:
+    return where.span(*where.progression(kind))
+
+
+@functools.lru_cache(maxsize=4096)
+def _boundary_span(where: Placement) -> Span:
+    return where.boundary_span()
+
+
+def _placed_span(cluster: Cluster, span: Span) -> Cluster:
+    """A group of `span.size` ranks on `span.nodes` nodes, evenly (or, split unevenly, a ring of
+    ranks each a hop over the network), on the NICs its node shares with `span.sharing` groups."""
+    c = cluster
+    if span.nodes == 1:
+        return Cluster(1, span.size, c.intra, c.inter, c.gamma, c.nics_per_node, c.nccl, c.measured)
+    even = span.size % span.nodes == 0
+    nodes, local = (span.nodes, span.size // span.nodes) if even else (span.size, 1)
+    inter, nics = _shared_nics(c, span.sharing)
+    return Cluster(nodes, local, c.intra, inter, c.gamma, min(nics, local), c.nccl, c.measured)
+
+
+def _shared_nics(cluster: Cluster, sharing: int) -> tuple[Link, int]:
+    """The inter-node link and NICs one of `sharing` flows of groups crossing a node gets: whole NICs
+    while there are enough, else a share of one's bandwidth."""
+    nics, inter = cluster.nics_per_node, cluster.inter
+    if nics >= sharing:
+        return inter, nics // max(1, sharing)
+    return Link(inter.name, inter.alpha_s, inter.bandwidth_Bps * nics / sharing), 1
+
+
+def placed_stage_link(cluster: Cluster, where: Placement) -> Link:
+    """The link of the slowest pipeline boundary: the network when a rank's neighbour stage sits on
+    another node, with the node's NICs shared by every rank sending (or receiving) across it."""
+    span = _boundary_span(where) if where.pp > 1 else Span(2, 1, 0)
+    if span.nodes == 1:
+        return cluster.intra
+    return _shared_nics(cluster, span.sharing)[0]
 
 
 def _pipeline_s(
@@ -418,11 +476,12 @@ def _pipeline_s(
 ) -> float:
     """The pipeline's makespan for m micro-batches of (forward, backward) per stage.
 
-    1F1B and GPipe are replayed with the stage link (`ringtree.sim.training.pipeline`); `fast` bounds the
-    replay by m (f + b) of the slowest stage plus the fill of the others, and 2 messages per step,
-    for the search. Interleaving V chunks per rank divides the ideal bubble (the other stages' f + b)
-    by V and multiplies the stage messages' share by V (Narayanan 2021). Stages differ when the
-    work says so (the logits on the last stage): the communication is added to each alike.
+    1F1B and GPipe are replayed with the stage link (`ringtree.sim.training.pipeline`); `fast` bounds
+    the replay by m (f + b) of the slowest stage plus the fill of the others, and the messages the
+    replay puts on the critical path of even stages, (m + p - 1) x 2(p - 1)/p of them, for the
+    search. Interleaving V chunks per rank divides the ideal bubble (the other stages' f + b) by V
+    and multiplies the stage messages' share by V (Narayanan 2021). Stages differ when the work says
+    so (the logits on the last stage): the communication is added to each alike.
     """
     m, p, v = work.micro_batches, layout.pp, layout.virtual_stages
     comm_f, comm_b = forward - work.forward_s, backward - work.backward_s
@@ -433,8 +492,8 @@ def _pipeline_s(
     busy = m * (forward + backward)
     ideal = sum(fs) + sum(bs) - (forward + backward)
     message = link.alpha_s + work.activation_bytes * link.beta
-    if fast:
-        makespan = busy + ideal + (m + p - 1) * 2 * message
+    if fast:  # the replay's messages on the critical path: (m + p - 1) x 2(p - 1)/p of them (within 11%)
+        makespan = busy + ideal + (m + p - 1) * 2 * (p - 1) / p * message
     else:
         costs = StageCosts(fs, bs, activation_bytes=work.activation_bytes)
         makespan = replay_pipeline(build(layout.schedule, p, m), costs, link).step_time_s
@@ -481,14 +540,14 @@ def _bucket_times(
 
 
 def _expert_reduce(
-    work: StepWork, layout: Layout, cluster: Cluster, algorithm: str
+    work: StepWork, layout: Layout, cluster: Cluster, algorithm: str, where: Placement
 ) -> tuple[np.ndarray, np.ndarray]:
     """The expert gradients' buckets (bytes, seconds): reduced (or with ZeRO reduce-scattered) over the
     expert-data-parallel group, whose members are ep x etp ranks apart."""
     if not work.expert_grad_bytes:
         return np.zeros(0), np.zeros(0)
     kind = "all_reduce" if layout.zero == 0 else "reduce_scatter"
-    group = dp_group(cluster, work.ep * work.etp, work.expert_dp)
+    group = placed(cluster, where, "edp")
     return _bucket_times(
         work.expert_grad_bytes,
         work.itemsize,
@@ -517,14 +576,15 @@ def predict(
     check_algorithm(algorithm)
     dp = layout.dp(cluster.ranks)
     m, tp, pp = work.micro_batches, layout.tp, layout.pp
-    g = _groups(cluster, layout, dp)
+    where = placement(cluster, layout, dp, work)
+    g = _groups(cluster, layout, dp, work)
     if layout.sequence_parallel:  # reduce-scatter + all-gather: the all-reduce's traffic, split in two
         one_tp = 2 * collective_s("all_gather", algorithm, g.tp, work.tp_bytes, work.itemsize)
     else:
         one_tp = collective_s("all_reduce", algorithm, g.tp, work.tp_bytes, work.itemsize)
     cp_forward, cp_backward = _cp_exchange(work, g.cp, algorithm)
     gather_f, gather_b = _zero3_gathers(work, layout, g.dp, algorithm)
-    ep_forward, ep_backward = _ep_exchange(work, cluster, algorithm)
+    ep_forward, ep_backward = _ep_exchange(work, cluster, algorithm, where)
     forward = work.forward_s + work.tp_forward * one_tp + cp_forward + gather_f + ep_forward
     backward = work.backward_s + work.tp_backward * one_tp + cp_backward + gather_b + ep_backward
     busy = m * (forward + backward)
@@ -532,7 +592,7 @@ def predict(
     bubble = makespan - busy
     makespan += work.sync_wait_s
     dense_sizes, dense_times = _reduce_s(work, layout, g, algorithm)
-    expert_sizes, expert_times = _expert_reduce(work, layout, cluster, algorithm)
+    expert_sizes, expert_times = _expert_reduce(work, layout, cluster, algorithm, where)
     sizes, times = np.concatenate([dense_sizes, expert_sizes]), np.concatenate([dense_times, expert_times])
     reduce_s = float(times.sum())
     if (work.overlap or layout.zero == 3) and len(times):  # FSDP reduce-scatters each layer in its backward
@@ -546,7 +606,7 @@ def predict(
     gathered = _zero_param_gather_s(work, layout, g.dp, algorithm, m * forward)
     if work.expert_grad_bytes and layout.zero in (1, 2):  # the experts' updated shards, over expert-DP
         expert_work = dataclasses.replace(work, grad_bytes=work.expert_grad_bytes)
-        expert_group = dp_group(cluster, work.ep * work.etp, work.expert_dp)
+        expert_group = placed(cluster, where, "edp")
         gathered += _zero_param_gather_s(expert_work, layout, expert_group, algorithm, m * forward - gathered)
     step = makespan + exposed + work.optimizer_s + gathered
     peak = work.peak_flops * cluster.ranks
@@ -582,6 +642,7 @@ def predict(
         ep_comm_s=m * (ep_forward + ep_backward),
         ep=work.ep,
         etp=work.etp,
+        network=cluster.network(),
     )
 
 
@@ -596,26 +657,28 @@ def ep_group(cluster: Cluster, ep: int, etp: int) -> Cluster:
     return Cluster(nodes, local, cluster.intra, cluster.inter, cluster.gamma, nics, cluster.nccl)
 
 
-def _ep_exchange(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[float, float]:
+def _ep_exchange(work: StepWork, cluster: Cluster, algorithm: str, where: Placement) -> tuple[float, float]:
     """The expert-parallel exchanges of one micro-batch left exposed, forward and backward: the
     all-to-alls priced by `ringtree.sim.network.alltoall` on the EP group (the allgather dispatcher's
     collectives as the other collectives are), the ETP gathers, less the compute that hides them."""
     if not (work.ep_forward or work.ep_backward):
         return 0.0, 0.0
-    forward, backward = _ep_collectives(work, cluster, algorithm)
+    forward, backward = _ep_collectives(work, cluster, algorithm, where)
     return forward + work.ep_sync_s, backward
 
 
-def _ep_collectives(work: StepWork, cluster: Cluster, algorithm: str) -> tuple[float, float]:
-    """The dispatch and combine collectives of one micro-batch left exposed, forward and backward."""
-    group = ep_group(cluster, work.ep, work.etp)
-    if work.ep_dispatcher == "allgather":
-        one = collective_s("all_gather", algorithm, ep_group(cluster, work.ep * work.etp, 1),
+def _ep_collectives(
+    work: StepWork, cluster: Cluster, algorithm: str, where: Placement
+) -> tuple[float, float]:
+    """The dispatch and combine collectives of one micro-batch left exposed, forward and backward, on
+    the expert mesh's groups where the placement puts them."""
+    if work.ep_dispatcher == "allgather":  # over the ep x etp adjacent ranks of the expert mesh
+        one = collective_s("all_gather", algorithm, _placed_span(cluster, where.span(1, work.ep * work.etp)),
                            work.ep_bytes, 2)  # fmt: skip
     else:
-        one = _alltoall_s(group, work.ep_bytes)
+        one = _alltoall_s(placed(cluster, where, "ep"), work.ep_bytes)
     if work.etp > 1:
-        one += collective_s("all_gather", algorithm, tp_group(cluster, work.etp), work.etp_bytes, 2)
+        one += collective_s("all_gather", algorithm, placed(cluster, where, "etp"), work.etp_bytes, 2)
     forward, backward = work.ep_forward * one, work.ep_backward * one
     if not work.ep_windows:
         return forward, backward

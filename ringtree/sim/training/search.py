@@ -7,9 +7,10 @@ x the schedule (1F1B; with one chunk a stage also ZB-H1, ZB-H2, ZB-V and DualPip
 x sequence parallelism x micro-batch (1, 2, 4, 8) x recompute; for an MoE model x EP
 (powers of two dividing the experts and the stage's TP x CP x DP ranks) x ETP (1, or the TP degree),
 and under FP8 the recipes the GPU runs, each unless the command pins it. A first pass prices
-every layout with the pipeline's closed-form bound (`fast`); the REPLAYED fastest are priced again
-with the replayed pipeline (under FP8 in every recipe: a recipe changes the matmuls, not the layout's
-memory) and ranked by that. Sequence parallelism is always on with TP (the same
+every layout with the pipeline's closed-form bound (`fast`); the REPLAYED fastest, and the
+PER_DEPTH fastest of every pipeline depth (with its TP and CP), are priced again with the replayed
+pipeline (under FP8 in every recipe: a recipe changes the matmuls, not the layout's memory) and
+ranked by that. Sequence parallelism is always on with TP (the same
 traffic as the all-reduces, less memory and elementwise time), and each layout takes the lowest
 ZeRO stage that fits.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,11 +29,12 @@ from ringtree.sim.network.hardware import Cluster
 from ringtree.sim.training import fp8
 from ringtree.sim.training.layout import Training, check
 from ringtree.sim.training.memory import fits
-from ringtree.sim.training.plan import StepPrediction, predict
+from ringtree.sim.training.plan import StepPrediction, StepWork, placed_stage_link, placement, predict
 from ringtree.sim.training.predictor import default_algorithm, plan, work
 from ringtree.sim.training.transformer import SEARCHED, Transformer
 
 REPLAYED = 30  # layouts re-priced with the replayed pipeline after the closed-form pass
+PER_DEPTH = 4  # and at least this many of each pipeline depth (with its TP and CP degrees)
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL = (1, 2, 4)
 TP_NODES = 2  # the widest TP group tried, in nodes (our choice: beyond two, TP traffic on the NICs loses)
@@ -165,15 +168,46 @@ def search(
         m = group[0].micro_batches(dp)
         run = next((r for r in group if fits(model, r, m, dp, gpu)), None)
         if run is not None:
-            step = predict(work(model, run, gpu, dp), cluster, algorithm, run.layout, fast=True).step_s
-            rough.append((step, run))
+            w = work(model, run, gpu, dp)
+            step = predict(w, cluster, algorithm, run.layout, fast=True).step_s
+            rough.append((step, _floor(w, cluster, run, dp, step), run))
     rough.sort(key=lambda x: x[0])
     exact = [
         plan(model, each, cluster, gpu, algorithm)
-        for _, run in rough[:REPLAYED]
+        for run in _to_replay(rough)
         for each in _recipes(run, extra or {}, gpu)
     ]
-    return Found(sorted(exact, key=lambda row: row.step_s), len(rough))
+    return Found(fold(sorted(exact, key=lambda row: row.step_s)), len(rough))
+
+
+def _floor(w: StepWork, cluster: Cluster, run: Training, dp: int, step: float) -> float:
+    """A floor under a pipeline's replayed step: the bound less what it prices the stage messages'
+    bytes at (`ringtree.sim.training.plan._pipeline_s`'s fast term)."""
+    if run.pp == 1:
+        return step
+    p, m, v = run.pp, w.micro_batches, run.virtual_stages
+    link = placed_stage_link(cluster, placement(cluster, run.layout, dp, w))
+    return step - v * (m + p - 1) * 2 * (p - 1) / p * w.activation_bytes * link.beta
+
+
+def _to_replay(rough: list[tuple[float, float, Training]]) -> list[Training]:
+    """The REPLAYED fastest by the closed-form bound, and the pipelines (up to PER_DEPTH of each
+    depth with its TP and CP) whose floor is below the last of them: the bound prices a pipeline's
+    messages as if no stage had slack to hide them, which on a slow network can push the layouts
+    that cross it least out of the top."""
+    chosen = [run for _, _, run in rough[:REPLAYED]]
+    if len(rough) <= REPLAYED:
+        return chosen
+    cut = rough[REPLAYED - 1][0]
+    seen = Counter((r.tp, r.cp, r.pp) for r in chosen)
+    for _, floor, run in sorted(rough[REPLAYED:], key=lambda x: x[1]):
+        depth = (run.tp, run.cp, run.pp)
+        if floor >= cut:
+            break
+        if seen[depth] < PER_DEPTH:
+            seen[depth] += 1
+            chosen.append(run)
+    return chosen
 
 
 _WORDS = {"tp": "TP", "cp": "CP", "pp": "PP", "schedule": "schedule", "dp": "DP",
@@ -189,6 +223,35 @@ def _layout(row: StepPrediction) -> dict[str, object]:
             "zero": row.zero, "sequence_parallel": row.sequence_parallel, "micro_batch": t["micro_batch"],
             "recompute": t["recompute"], "ep": row.ep, "etp": row.etp,
             "fp8_recipe": t["fp8_recipe"] if t["dtype"] == "fp8" else None}  # fmt: skip
+
+
+def fold(rows: list[StepPrediction]) -> list[StepPrediction]:
+    """Rows with the step time and memory of an earlier row fold into it (they differ only in a
+    dimension that changes nothing the plan prices): its details' `alike` lists their layouts."""
+    kept: list[StepPrediction] = []
+    for row in rows:
+        i = next((i for i, k in enumerate(kept) if _same(k, row)), None)
+        if i is None:
+            kept.append(row)
+        else:
+            twin = kept[i]
+            alike = [*twin.details.get("alike", []), _layout(row)]
+            kept[i] = dataclasses.replace(twin, details={**twin.details, "alike": alike})
+    return kept
+
+
+def _same(a: StepPrediction, b: StepPrediction) -> bool:
+    mem_a, mem_b = (a.memory or {}).get("total_GiB", 0.0), (b.memory or {}).get("total_GiB", 0.0)
+    return abs(a.step_s - b.step_s) <= 1e-9 * max(a.step_s, b.step_s) and abs(mem_a - mem_b) < 0.01
+
+
+def alike_words(row: StepPrediction) -> str:
+    """The layouts folded into a row, each by what differs from it ('CP 2, DP 6, micro-batch 4')."""
+    mine = _layout(row)
+    return "; ".join(
+        ", ".join(f"{_WORDS[k]} {other[k]}" for k in mine if other[k] != mine[k])
+        for other in row.details.get("alike", [])
+    )
 
 
 def why(found: Found) -> str:
