@@ -138,7 +138,7 @@ BAD = [
     (["--sync", "diloco", "--replicas", "3", "--nproc", "4"], "--replicas 3 must divide the 4 ranks"),
     (
         ["--sync", "diloco", "--replicas", "2", "--pp", "2", "--nproc", "2"],
-        "would cut pipeline-parallel group",
+        "would cut a tensor- or pipeline-parallel group",
     ),
     (["--sync", "streaming-diloco", "--fragments", "3", "--inner-steps", "4"], "--fragments 3 must divide"),
     (

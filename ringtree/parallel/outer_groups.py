@@ -35,6 +35,12 @@ def layout(shape: MeshShape, replicas: int) -> ReplicaLayout:
     if replicas < 1 or world % replicas:
         ok = [d for d in range(1, world + 1) if world % d == 0]
         raise ValueError(f"--replicas {replicas} must divide the {world} ranks; choose one of {ok}")
+    if shape.dp % replicas:
+        ok = [d for d in range(1, shape.dp + 1) if shape.dp % d == 0]
+        raise ValueError(
+            f"--replicas {replicas} would cut a tensor- or pipeline-parallel group: each replica holds whole "
+            f"pipelines, so it must divide the data-parallel degree {shape.dp}; choose one of {ok}"
+        )
     block = world // replicas
     for name, groups in (
         ("tensor", shape.tp_groups()),

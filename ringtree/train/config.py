@@ -15,7 +15,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -764,8 +764,9 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
         from ringtree.parallel.mesh import MeshShape
         from ringtree.parallel.outer_groups import layout
 
+        r = replicas_of(cfg, world_size)
         shape = MeshShape(world_size // (cfg.tp * cfg.pp * cfg.cp), cfg.tp, cfg.pp, cfg.cp)
-        layout(shape, replicas_of(cfg, world_size))
+        layout(replace(shape, replicas=r) if shape.dp % r == 0 else shape, r)
     data = world_size // (cfg.tp * cfg.pp)  # the ranks EP borrows: DP x CP
     if data % cfg.ep:
         raise ValueError(

@@ -37,11 +37,16 @@ from ringtree.train.stages import model_layers
 OuterSync = DiLoCo | LocalSGD
 
 
+def replicas(cfg: TrainConfig) -> int:
+    """The replica groups the mesh is laid out with (1 under --sync ddp)."""
+    return 1 if cfg.sync == "ddp" else replicas_of(cfg, dist.get_world_size())
+
+
 def groups(cfg: TrainConfig, mesh: Mesh) -> ReplicaGroups | None:
     """The replica groups of a --sync other than ddp (made before the parallelize step builds DDP)."""
     if cfg.sync == "ddp":
         return None
-    return split(mesh, replicas_of(cfg, mesh.shape.world_size))
+    return split(mesh, mesh.shape.replicas)
 
 
 def attach(

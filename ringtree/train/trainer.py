@@ -194,8 +194,9 @@ class _Run:
         check_world(cfg, dist.get_world_size())
         self.rank = dist.get_rank()
         self.device = _device(cfg)
-        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
-        self.replicas = low_comm.groups(cfg, self.mesh)  # --sync: DDP inside each replica group
+        # --sync: replica groups outermost (whole pipelines each), DDP inside each
+        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, replicas=low_comm.replicas(cfg))
+        self.replicas = low_comm.groups(cfg, self.mesh)
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
         dense = [(n, tuple(p.shape)) for n, p in self.net.named_parameters()]  # what checkpoints key
