@@ -12,6 +12,10 @@ failed (with the error) so that one broken path does not hide the others:
   output and input gradient against the dense block (needs 2 or more GPUs);
 - pp: the vit cut into one stage per rank (ringtree.parallel.pipeline), 1f1b with 8 micro-batches:
   gradients against the unpipelined model, and the measured bubble (needs 2 or more GPUs);
+- zero_bubble: the split backward on the device (ringtree.parallel.pipeline.split: B, the input
+  gradient, then W, the weights') of a transformer block against one backward, and with 2 or more
+  GPUs the vit cut into 2p chunks under zb-v (rank r holding chunks r and 2p-1-r): gradients
+  against the unpipelined model and the measured bubble;
 - amp: the vit trained for a few steps under autocast fp16 (with torch.amp.GradScaler) and bf16;
 - h2d: host-to-device copy bandwidth of 64 MiB from pinned and from pageable memory;
 - zero: ringtree.ShardedDataParallel at ZeRO 1, 2 and 3 (native: NCCL's reduce-scatter and
@@ -66,8 +70,10 @@ from torch import nn
 
 from ringtree import DistributedDataParallel, ShardedDataParallel, comm
 from ringtree.bench import environment
+from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.partition import partition
 from ringtree.parallel.pipeline.runtime import PipelineStage
+from ringtree.parallel.pipeline.split import backward_input, backward_weight
 from ringtree.parallel.tensor import ParallelBlock
 from ringtree.processes import elastic_spawn
 from ringtree.schedules.pipeline import build, theoretical_bubble_fraction
@@ -265,6 +271,65 @@ def check_pp(device: torch.device) -> dict[str, Any]:
         "bubble_fraction": statistics.median(runs),
         "theoretical_bubble_fraction": theoretical_bubble_fraction(p, m),
         "ok": error < 1e-4,
+    }
+
+
+def check_zero_bubble(device: torch.device) -> dict[str, Any]:
+    """B then W of a block equals one backward on the device; zb-v's gradients and bubble (2+ GPUs)."""
+    torch.manual_seed(0)
+    block = Block(64, 4).to(device)
+    split = copy.deepcopy(block)
+    x = torch.randn(8, 16, 64, device=device)
+    dy = torch.randn_like(x)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.autograd.backward(block(xa), dy)
+    backward_weight(backward_input(split(xb), dy, xb))
+    params = zip(block.parameters(), split.parameters(), strict=True)
+    pairs = [(xb.grad, xa.grad), *((b.grad, a.grad) for a, b in params)]
+    split_error = max(float((b - a).abs().max()) for b, a in pairs if a is not None and b is not None)
+    out: dict[str, Any] = {"split_max_abs_grad_error": split_error, "ok": split_error < 1e-5}
+    p, rank, m = dist.get_world_size(), dist.get_rank(), 8
+    net = ViT(depth=2 * p).to(device)
+    layers = model_layers(net)
+    if p < 2 or 2 * p > len(layers):
+        return {**out, "pipeline": "skipped: zb-v needs 2 or more ranks (GPUs)"}
+    reference = copy.deepcopy(net)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.rand(256, 64, generator=g).to(device), torch.randint(0, 10, (256,), generator=g).to(device)
+    F.cross_entropy(reference(x), y).backward()
+    chunks = partition(layers, 2 * p)
+    mine = [chunks[rank], chunks[2 * p - 1 - rank]]
+    runner = InterleavedStage(mine, rank, list(range(p)), TIMEOUT_S, device=device, placement="v")
+    batches = list(zip(x.tensor_split(m), y.tensor_split(m), strict=True))
+    schedule = build("zb-v", p, m, 2)
+    runner.run(schedule, batches)
+    ref = dict(reference.named_parameters())
+    held = {id(t) for c in mine for t in c.parameters()}
+    errors = [
+        float((t.grad - ref[n].grad).abs().max())
+        for n, t in net.named_parameters()
+        if id(t) in held and t.grad is not None and ref[n].grad is not None
+    ]
+    runs = []
+    for _ in range(3):
+        dist.barrier()
+        work = [s for s in runner.run(schedule, batches).spans if s.kind != "step"]
+        offset = time.time() - time.perf_counter()
+        window = (
+            work[0].start + offset,
+            max(s.end for s in work) + offset,
+            sum(s.end - s.start for s in work),
+        )
+        every: list[Any] = [None] * p
+        dist.all_gather_object(every, window)
+        makespan = max(w[1] for w in every) - min(w[0] for w in every)
+        runs.append(1 - sum(w[2] for w in every) / (p * makespan))
+    error = max(errors, default=0.0)
+    return {
+        **out,
+        "zb_v_max_abs_grad_error": error,
+        "zb_v_bubble_fraction": statistics.median(runs),
+        "ok": out["ok"] and error < 1e-4,
     }
 
 
@@ -599,6 +664,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "ddp": check_ddp,
     "tp": check_tp,
     "pp": check_pp,
+    "zero_bubble": check_zero_bubble,
     "amp": check_amp,
     "h2d": check_h2d,
     "checkpoint": check_checkpoint,

@@ -4,10 +4,15 @@
     .venv/bin/python benchmarks/pipeline_bubble.py --target-only --json bubble.json   # the vit target
     .venv/bin/python benchmarks/pipeline_bubble.py --target-only --pin --json bubble.json  # a core per stage
     .venv/bin/python benchmarks/pipeline_bubble.py --gpt --virtual-stages 2 --json gpt.json  # interleaved
+    .venv/bin/python benchmarks/pipeline_bubble.py --gpt --zero-bubble --json zb.json  # + zb-h1 ... dualpipev
 
 The gpt rows run `--model gpt` (embedding, 4 blocks, head) on the sort task, 2 stages and 8
 micro-batches of 32 sequences, under gpipe and 1f1b (the model cut in 2) and interleaved 1F1B
 (cut in 2 x V chunks, rank j holding chunks j and 2 + j), each the median of --repeats runs.
+With --zero-bubble the same gpt also runs zb-h1 and zb-h2 (cut in p) and zb-v and dualpipev (cut
+in 2p, rank j holding chunks j and 2p-1-j), and every gpt row gets the schedule's formula with the
+measured times: the replay (ringtree.sim.training.pipeline) of the schedule on each stage's
+measured mean F, B and W (B + W: the whole backward where it is not split), without transfers.
 
 The target rows run the real `vit` cut into 2 stages with 8 micro-batches of 32 (what
 `ringtree train --model vit --pp 2 --micro-batches 8` runs) under gpipe and 1f1b, and report the
@@ -54,6 +59,7 @@ from ringtree.train.factories import cross_entropy
 from ringtree.train.gpt import GPT
 from ringtree.train.language import sort_task
 from ringtree.train.models import ViT
+from ringtree.train.pipelining import theoretical_bubble
 from ringtree.train.stages import model_layers
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -214,8 +220,28 @@ def target_worker(rank: int, m: int, repeats: int, pin: bool = False) -> dict[st
     }
 
 
-def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> dict[str, Any]:
-    """The gpt on the sort task in p stages, m micro-batches of 32: gpipe, 1f1b, interleaved with v chunks."""
+def _formula(schedule: PipelineSchedule, every: list[list[ActionSpan]]) -> tuple[float, list[list[float]]]:
+    """The schedule's bubble replayed on each stage's measured mean F, B and W (free transfers), and
+    those times ([F, B, W] ms per stage, a whole stage's: V chunks' worth)."""
+    v = schedule.virtual_stages
+
+    def mean(stage: list[ActionSpan], kind: str) -> float:
+        times = [s.end - s.start for s in stage if s.kind == kind]
+        return v * statistics.mean(times) if times else 0.0  # a chunk is 1/v of the stage
+
+    fwd = tuple(mean(st, "forward") for st in every)
+    weight = tuple(mean(st, "weight") for st in every)
+    whole = tuple(mean(st, "backward") + w for st, w in zip(every, weight, strict=True))
+    costs = StageCosts(fwd, whole, weight_s=weight if schedule.splits_backward else ())
+    times = [[1e3 * f, 1e3 * (b - w), 1e3 * w] for f, b, w in zip(fwd, whole, weight, strict=True)]
+    return replay_pipeline(schedule, costs).bubble_fraction, times
+
+
+def gpt_worker(
+    rank: int, m: int, repeats: int, v: int, pin: bool = False, zero_bubble: bool = False
+) -> dict[str, Any]:
+    """The gpt on the sort task in p stages, m micro-batches of 32: gpipe, 1f1b, interleaved with v
+    chunks (and with zero_bubble: zb-h1, zb-h2, zb-v, dualpipev)."""
     if pin:
         _pin(rank)
     p = dist.get_world_size()
@@ -232,6 +258,17 @@ def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> di
         (one, build("1f1b", p, m)),
         (chunked, build("interleaved", p, m, v)),
     ]
+    if zero_bubble:
+        halves = partition(model.layers(), 2 * p)
+        vee = InterleavedStage(
+            [halves[rank], halves[2 * p - 1 - rank]],
+            rank,
+            list(range(p)),
+            loss_fn=cross_entropy,
+            placement="v",
+        )
+        cases += [(one, build("zb-h1", p, m)), (one, build("zb-h2", p, m))]
+        cases += [(vee, build("zb-v", p, m, 2)), (vee, build("dualpipev", p, m, 2))]
     rows = []
     for runner, schedule in cases:
         runner.run(schedule, batches)  # warm-up: shapes recorded, receives posted early from now on
@@ -243,9 +280,9 @@ def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> di
             spans = [ActionSpan(s.kind, s.micro_batch, s.start + offset, s.end + offset) for s in run.spans]
             every: list[Any] = [None] * p
             dist.all_gather_object(every, spans)
-            bubbles.append(_analyse(every)[:2])
-        bubble, step = sorted(bubbles)[len(bubbles) // 2]
-        theory = theoretical_bubble_fraction(p, m, schedule.virtual_stages)
+            bubbles.append((*_analyse(every)[:2], _formula(schedule, every)))
+        bubble, step, (formula, times) = sorted(bubbles)[len(bubbles) // 2]
+        theory = theoretical_bubble(schedule.name, p, m, schedule.virtual_stages)
         rows.append(
             {
                 "model": "gpt",
@@ -254,9 +291,12 @@ def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> di
                 "micro_batches": m,
                 "virtual_stages": schedule.virtual_stages,
                 "bubble_fraction": bubble,
-                "bubbles": [b for b, _ in bubbles],
+                "bubbles": [b for b, *_ in bubbles],
                 "theoretical_bubble_fraction": theory,
                 "excess": bubble - theory,
+                "formula_bubble_fraction": formula,
+                "stage_fbw_ms": times,
+                "excess_over_formula": bubble - formula,
                 "step_time_s": step,
             }
         )
@@ -265,13 +305,15 @@ def gpt_worker(rank: int, m: int, repeats: int, v: int, pin: bool = False) -> di
 
 def gpt(args: argparse.Namespace) -> dict[str, Any]:
     p, m, v = args.target_stages, args.target_micro_batches, args.virtual_stages
-    rows = spawn(gpt_worker, p, (m, args.repeats, v, args.pin), timeout_s=600)[0]["gpt"]
+    worker_args = (m, args.repeats, v, args.pin, args.zero_bubble)
+    rows = spawn(gpt_worker, p, worker_args, timeout_s=600)[0]["gpt"]
     for r in rows:
         print(
             f"gpt {r['schedule']:>11} p={p} m={m} v={r['virtual_stages']}: measured bubble "
             f"{r['bubble_fraction']:.3f} (median of {args.repeats}), "
             f"theory {r['theoretical_bubble_fraction']:.3f}, "
-            f"excess {r['excess']:+.3f}, step {r['step_time_s'] * 1e3:.1f} ms"
+            f"formula with measured F/B/W {r['formula_bubble_fraction']:.3f} "
+            f"({r['excess_over_formula']:+.3f}), step {r['step_time_s'] * 1e3:.1f} ms"
         )
     return {"gpt": rows}
 
@@ -319,6 +361,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--virtual-stages", type=int, default=2, help="chunks a stage of the gpt's interleaved row"
+    )
+    parser.add_argument(
+        "--zero-bubble", action="store_true", help="with --gpt: also zb-h1, zb-h2, zb-v and dualpipev"
     )
     parser.add_argument("--target-stages", type=int, default=2)
     parser.add_argument("--target-micro-batches", type=int, default=8)

@@ -48,6 +48,7 @@ def test_the_checks_pass_on_cpu_with_two_ranks(tmp_path: Path) -> None:
     for r in ranks:
         assert all(v["ok"] for k, v in r["ddp"].items() if k != "seconds"), r["ddp"]
         assert r["tp"]["ok"] and r["pp"]["ok"], (r["tp"], r["pp"])
+        assert r["zero_bubble"]["ok"] and "zb_v_bubble_fraction" in r["zero_bubble"], r["zero_bubble"]
         assert all(v["ok"] for k, v in r["zero"].items() if k != "seconds"), r["zero"]
         assert all(v["ok"] for k, v in r["moe"].items() if k != "seconds"), r["moe"]
         assert all(v["ok"] for k, v in r["diloco"].items() if k != "seconds"), r["diloco"]

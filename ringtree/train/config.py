@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS
+from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS, ZERO_BUBBLE, check_zero_bubble
 from ringtree.schedules.ring_attention import COMMS as CP_COMMS
 
 # Nothing here imports torch at module level: the CLI derives its options from this module, and
@@ -217,7 +217,9 @@ class TrainConfig:
     pp: int = _opt(1, "Pipeline stages per model replica; 1: no pipeline.")
     micro_batches: int | None = _opt(None, "Micro-batches per pipeline run (needs --pp) [4].")
     schedule: str | None = _opt(
-        None, "gpipe, 1f1b, interleaved, pipedream, pipedream-vs (needs --pp) [1f1b]."
+        None,
+        "gpipe, 1f1b, interleaved, pipedream, pipedream-vs, or zero-bubble zb-h1, zb-h2, zb-v, "
+        "dualpipev (needs --pp) [1f1b].",
     )
     virtual_stages: int | None = _opt(
         None, "Model chunks per pipeline stage (needs --schedule interleaved) [2]."
@@ -538,6 +540,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
     _check_sync(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
+    if cfg.pp > 1 and cfg.get("schedule") in ZERO_BUBBLE:
+        check_zero_bubble(cfg.get("schedule"), cfg.pp, cfg.get("micro_batches"))
     if cfg.pp > 1 and cfg.schedule == "interleaved" and cfg.get("micro_batches") % cfg.pp:
         m = cfg.get("micro_batches")
         raise ValueError(
@@ -811,8 +815,8 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("threads")
     if cfg.pp == 1:
         dropped |= {"micro_batches", "schedule", "pp_balance"}
-    elif cfg.get("schedule") not in SYNCHRONOUS or cfg.schedule == "interleaved":
-        out["overlap"] = False  # pipedream and interleaved synchronize their gradients at the step
+    elif cfg.get("schedule") not in SYNCHRONOUS or cfg.schedule in ("interleaved", *ZERO_BUBBLE):
+        out["overlap"] = False  # pipedream, interleaved, zero-bubble: gradients synchronized at the step
     if cfg.pp == 1 or cfg.schedule != "interleaved":
         dropped.add("virtual_stages")
     if cfg.zero:

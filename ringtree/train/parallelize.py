@@ -43,11 +43,11 @@ from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.expert import ExpertParallel, expert_parameters, moe_layers
 from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import PipelineStage
-from ringtree.schedules.pipeline import SYNCHRONOUS
+from ringtree.schedules.pipeline import V_SHAPED, check_layers
 from ringtree.train import low_comm, tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, device_type
 from ringtree.train.loss import TrainingLoss
-from ringtree.train.pipelining import ChunkDDPs, Chunks, Stage, checkpointed, cut
+from ringtree.train.pipelining import ChunkDDPs, ChunkPair, Chunks, Stage, checkpointed, cut, syncs_at_step
 from ringtree.train.stages import model_layers
 from ringtree.train.techniques.activation_checkpointing import enable_checkpointing
 
@@ -230,15 +230,23 @@ def _pipeline(
     """This rank's stage in DDP and the runtime that runs it; its checkpoint segments."""
     if cfg.schedule == "interleaved":
         return _interleaved(net, cfg, mesh, device, loss, sample())
+    if cfg.schedule in V_SHAPED:
+        return _v_shaped(net, cfg, mesh, device, loss, sample())
     stages = cut(model_layers(net), cfg.pp, cfg.get("pp_balance"), sample())
     body, segments = checkpointed(stages[mesh.pp_rank], cfg.checkpoint_segments, cfg.checkpoint_activations)
     schedule = cfg.get("schedule")
     ddp = None
     if any(p.requires_grad for p in body.parameters()):
-        ddp = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")) and schedule in SYNCHRONOUS)
+        ddp = data_parallel(body, cfg, mesh, bool(cfg.get("overlap")) and not syncs_at_step(schedule))
     stage = Stage(ddp if ddp is not None else body, loss.amp.autocast)
     runner = PipelineStage(
-        stage, mesh.pp_rank, mesh.pp_ranks, cfg.get("timeout_s"), loss_fn=loss, device=device
+        stage,
+        mesh.pp_rank,
+        mesh.pp_ranks,
+        cfg.get("timeout_s"),
+        loss_fn=loss,
+        device=device,
+        defer_weights=not segments,  # checkpointed: W with B (one recomputation, see split.py)
     )
     return Pipeline(stages, stage, runner, ddp, schedule), segments
 
@@ -274,8 +282,58 @@ def _interleaved(
     return pipe, segments
 
 
+def _v_shaped(
+    net: nn.Module,
+    cfg: TrainConfig,
+    mesh: Mesh,
+    device: torch.device,
+    loss: TrainingLoss,
+    sample: torch.Tensor,
+) -> tuple[Pipeline, int]:
+    """ZB-V and DualPipeV: the model cut into 2 pp chunks; rank j runs chunks j and 2 pp - 1 - j,
+    synchronized at the step: under ZeRO both in one ShardedDataParallel (a ChunkPair), under DDP
+    one DDP per chunk as interleaved 1F1B has (each forward broadcasts its own chunk's buffers only,
+    as a stage's forward does under 1F1B: an MoE router's token counts are buffers)."""
+    p, j = cfg.pp, mesh.pp_rank
+    virtual = cut(model_layers(net), 2 * p, cfg.get("pp_balance"), sample)
+    bodies, segments = [], 0
+    for layers in (virtual[j], virtual[2 * p - 1 - j]):
+        body, chunk_segments = checkpointed(layers, cfg.checkpoint_segments, cfg.checkpoint_activations)
+        bodies.append(body)
+        segments = max(segments, chunk_segments)
+    pair = ChunkPair(bodies)
+    ddp: DataParallel | ChunkDDPs | None = None
+    if not any(q.requires_grad for q in pair.parameters()):
+        stages = [Stage(pair, loss.amp.autocast, chunk=c) for c in range(2)]
+    elif cfg.zero:
+        ddp = data_parallel(pair, cfg, mesh, False)
+        stages = [Stage(ddp, loss.amp.autocast, chunk=c) for c in range(2)]
+    else:
+        wrapped = [
+            data_parallel(b, cfg, mesh, False) if any(q.requires_grad for q in b.parameters()) else b
+            for b in bodies
+        ]
+        ddp = ChunkDDPs([d for d in wrapped if isinstance(d, DistributedDataParallel)])
+        stages = [Stage(d, loss.amp.autocast) for d in wrapped]
+    runner = InterleavedStage(
+        stages,
+        j,
+        mesh.pp_ranks,
+        cfg.get("timeout_s"),
+        loss_fn=loss,
+        device=device,
+        placement="v",
+        defer_weights=not segments,  # checkpointed: W with B (one recomputation, see split.py)
+    )
+    per_rank = [nn.Sequential(virtual[k], virtual[2 * p - 1 - k]) for k in range(p)]
+    return Pipeline(per_rank, Chunks(stages), runner, ddp, cfg.get("schedule")), segments
+
+
 def virtual_stages(cfg: TrainConfig) -> int:
-    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, else 1."""
+    """Model chunks per pipeline stage: --virtual-stages under interleaved 1F1B, 2 under the V
+    schedules (zb-v, dualpipev), else 1."""
+    if cfg.schedule in V_SHAPED:
+        return 2
     return int(cfg.get("virtual_stages")) if cfg.schedule == "interleaved" else 1
 
 
@@ -320,6 +378,8 @@ def check(net: nn.Module, cfg: TrainConfig) -> None:
                 f"--pp {cfg.pp} is more stages than the {len(layers)} layers of the model; "
                 f"use --pp {len(layers)} or fewer"
             )
+        if cfg.get("schedule") in V_SHAPED:
+            check_layers(cfg.get("schedule"), cfg.pp, len(layers))
         chunks = cfg.pp * virtual_stages(cfg)
         if chunks > len(layers):
             raise ValueError(

@@ -5,7 +5,10 @@ in ringtree's DistributedDataParallel over its DP group. Every forward of a run 
 no_sync(); just before the run's last backward (gpipe, 1f1b: the last micro-batch's) the stage
 tells DDP to synchronize, so its buckets overlap that backward as in plain data parallelism.
 PipeDream computes gradients on stashed weight copies, outside DDP's hooks: its step callback
-all-reduces them with DDP.sync_gradients() (the same buckets, algorithm and compression).
+all-reduces them with DDP.sync_gradients() (the same buckets, algorithm and compression). The
+zero-bubble schedules add their W's gradients outside the hooks too, and synchronize the same way.
+The V-shaped ones (zb-v, dualpipev) hold two chunks a rank: a DDP each, or under ZeRO one
+ShardedDataParallel around both (`ChunkPair`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from ringtree.parallel import DistributedDataParallel, ShardedDataParallel
 from ringtree.parallel.ddp import SyncStats
 from ringtree.parallel.pipeline.partition import balance, param_costs, split, time_costs
 from ringtree.parallel.pipeline.runtime import MicroBatch
-from ringtree.schedules.pipeline import SYNCHRONOUS, Kind, PipelineSchedule
+from ringtree.schedules.pipeline import (
+    SYNCHRONOUS,
+    ZERO_BUBBLE,
+    Kind,
+    PipelineSchedule,
+    build,
+    theoretical_bubble_fraction,
+)
+from ringtree.sim.training.pipeline import StageCosts, replay_pipeline
 from ringtree.train.techniques import run_blocks
 from ringtree.train.techniques.activation_checkpointing import default_segments
 
@@ -41,12 +52,14 @@ class Stage(nn.Module):
     """What the pipeline runtime runs on this rank: the stage's module under autocast, in DDP.
 
     `arm(schedule, stage, sync)` before each run: with sync, the run's last backward synchronizes.
+    `chunk`: the body is a ChunkPair (or DDP around one) and this stage runs its chunk `chunk`.
     """
 
-    def __init__(self, body: nn.Module, autocast: Any) -> None:
+    def __init__(self, body: nn.Module, autocast: Any, chunk: int | None = None) -> None:
         super().__init__()
         self.body, self.autocast = body, autocast  # body: the stage's module, or DDP around it
         self._calls, self._sync_at = 0, -1
+        self.kwargs = {} if chunk is None else {"chunk": chunk}
 
     def arm(self, schedule: PipelineSchedule, stage: int, sync: bool, chunk: int = 0) -> None:
         """Count this run's forwards from 0; mark the micro-batch whose backward comes last."""
@@ -54,7 +67,8 @@ class Stage(nn.Module):
         backwards = [
             a.micro_batch for a in schedule.actions[stage] if a.kind is Kind.BACKWARD and a.chunk == chunk
         ]
-        self._sync_at = backwards[-1] if sync and schedule.name in SYNCHRONOUS and backwards else -1
+        hooked = schedule.name in SYNCHRONOUS and not schedule.splits_backward  # W: outside the hooks
+        self._sync_at = backwards[-1] if sync and hooked and backwards else -1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         i, self._calls = self._calls, self._calls + 1
@@ -62,9 +76,9 @@ class Stage(nn.Module):
         ctx: AbstractContextManager[Any] = self.autocast()
         with ctx:
             if ddp is None:
-                return self.body(x)  # type: ignore[no-any-return]
+                return self.body(x, **self.kwargs)  # type: ignore[no-any-return]
             with ddp.no_sync():
-                out: torch.Tensor = ddp(x)
+                out: torch.Tensor = ddp(x, **self.kwargs)
         if i == self._sync_at:  # synchronous schedules run forwards in micro-batch order
             out = _SyncBeforeBackward.apply(out, ddp)  # type: ignore[no-untyped-call]
         return out
@@ -82,6 +96,23 @@ class Chunks(nn.Module):
         for c, chunk in enumerate(self.chunks):
             assert isinstance(chunk, Stage)
             chunk.arm(schedule, stage, sync=False, chunk=c)
+
+
+class ChunkPair(nn.Module):
+    """The V placement's two chunks of one rank as one module (one ZeRO wrapper for both):
+    forward(x, chunk) runs chunk `chunk`."""
+
+    def __init__(self, chunks: list[nn.Module]) -> None:
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+
+    def forward(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        return self.chunks[chunk](x)  # type: ignore[no-any-return]
+
+
+def syncs_at_step(schedule: str) -> bool:
+    """Whether a schedule's gradients reach DDP outside its hooks, so the step synchronizes them."""
+    return schedule not in SYNCHRONOUS or schedule in ZERO_BUBBLE
 
 
 class ChunkDDPs:
@@ -162,6 +193,15 @@ def measured_bubble(windows: torch.Tensor) -> float:
     bubble = 1.0 - windows[:, :, 2].sum(dim=0) / (p * makespan)
     kept = bubble[1:] if len(bubble) > 1 else bubble
     return float(kept.mean())
+
+
+def theoretical_bubble(schedule: str, p: int, m: int, v: int) -> float:
+    """The schedule's bubble with equal stages and free transfers: (p-1)/(v m+p-1) for GPipe, 1F1B
+    and interleaved; the zero-bubble ones replayed with F, B and W of equal time (ZB-H1: (p-1)/(3m+p-1))."""
+    if schedule not in ZERO_BUBBLE:
+        return theoretical_bubble_fraction(p, m, v)
+    costs = StageCosts.uniform(p, 1.0, 2.0, weight_s=(1.0,) * p)  # type: ignore[arg-type]
+    return replay_pipeline(build(schedule, p, m, v), costs).bubble_fraction
 
 
 def gather_stages(stages: list[nn.Sequential], mine: int, group: dist.ProcessGroup) -> None:

@@ -38,7 +38,7 @@ from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.moe import CLOCK as A2A_CLOCK
 from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
 from ringtree.processes import default_backend, init_from_env, restart_count, under_torchrun
-from ringtree.schedules.pipeline import SYNCHRONOUS, build, theoretical_bubble_fraction
+from ringtree.schedules.pipeline import MIN_MICRO_BATCHES_PER_STAGE, SYNCHRONOUS, ZERO_BUBBLE, build
 from ringtree.train import interrupt, low_comm, memory
 from ringtree.train.checkpointer import Checkpointer, check_resumable
 from ringtree.train.config import TrainConfig, check_world, device_type
@@ -54,7 +54,14 @@ from ringtree.train.parallelize import (
     parallelize,
     virtual_stages,
 )
-from ringtree.train.pipelining import ChunkDDPs, gather_stages, measured_bubble, runs
+from ringtree.train.pipelining import (
+    ChunkDDPs,
+    gather_stages,
+    measured_bubble,
+    runs,
+    syncs_at_step,
+    theoretical_bubble,
+)
 from ringtree.train.profile import StepProfiler
 from ringtree.train.progress import ProgressBar
 from ringtree.train.stragglers import StragglerMonitor
@@ -419,19 +426,16 @@ class _Run:
         self.loss.weight = 1.0 / len(unit)
         comm = [0.0, 0.0]
         samples = 0
-        for k, micro in enumerate(unit):
+        runnable = [kept for micro in unit if (kept := self._runnable(pipe.schedule, micro))]
+        for k, micro in enumerate(runnable):
             micro = [(self._to_device(x), self._to_device(y)) for x, y in micro]
-            if pipe.schedule == "interleaved":  # whole groups of pp micro-batches (a short last batch)
-                micro = micro[: len(micro) - len(micro) % self.cfg.pp] or micro[:0]
-                if not micro:
-                    continue
             samples += sum(len(y) for _, y in micro)
             if pipe.runner.is_last:
                 self.loss.prepare(x for x, _ in micro)
             schedule = build(pipe.schedule, self.cfg.pp, len(micro), virtual_stages(self.cfg))
             record = self.pipe_record
             record.micro_batches_per_run = max(record.micro_batches_per_run, len(micro))
-            last = k == len(unit) - 1
+            last = k == len(runnable) - 1
             pipe.stage.arm(schedule, self.mesh.pp_rank, sync=last)
             step: Callable[[], None] = (
                 (lambda: self._pipeline_optimizer_step(pipe, comm)) if last else _nothing
@@ -439,10 +443,19 @@ class _Run:
             self._record(pipe.runner.run(schedule, micro, step=step))
         return samples, comm[0], comm[1]
 
+    def _runnable(self, schedule: str, micro: list[MicroBatch]) -> list[MicroBatch]:
+        """The micro-batches of a run the schedule can take (a short last batch may have too few):
+        interleaved, whole groups of pp; the zero-bubble ones, at least their least number or none."""
+        if schedule == "interleaved":
+            return micro[: len(micro) - len(micro) % self.cfg.pp]
+        if schedule in ZERO_BUBBLE and len(micro) < MIN_MICRO_BATCHES_PER_STAGE[schedule] * self.cfg.pp:
+            return []
+        return micro
+
     def _pipeline_optimizer_step(self, pipe: Pipeline, comm: list[float]) -> None:
         synchronous = pipe.schedule in SYNCHRONOUS
         if pipe.ddp is not None:
-            if not synchronous or isinstance(pipe.ddp, ChunkDDPs):  # explicit: no backward synchronized
+            if syncs_at_step(pipe.schedule) or isinstance(pipe.ddp, ChunkDDPs):  # no backward synchronized
                 pipe.ddp.sync_gradients()
             stats = pipe.ddp.last_sync
             comm[0] += stats.comm_time_s
@@ -598,8 +611,8 @@ class _Run:
         dist.all_gather(per_stage, peaks, group=group)
         return {
             "bubble_fraction": measured_bubble(torch.stack(every).cpu()),
-            "theoretical_bubble_fraction": theoretical_bubble_fraction(
-                cfg.pp, pipe.micro_batches_per_run, virtual_stages(cfg)
+            "theoretical_bubble_fraction": theoretical_bubble(
+                cfg.get("schedule"), cfg.pp, pipe.micro_batches_per_run, virtual_stages(cfg)
             ),
             "peak_activation_bytes_per_stage": [int(t[0]) for t in per_stage],
             "weight_versions_per_stage": [int(t[1]) for t in per_stage],

@@ -22,6 +22,9 @@ ever waits for the other's permission to send and a failure still reaches every 
 
 NCCL ignores tags and runs a pair's transfers in one stream, so receives posted ahead of sends
 could block them: with NCCL every receive is posted when it is needed, header first, then data.
+
+Two neighbouring stages on the same rank (the V placement's turn: virtual stages p-1 and p on the
+last rank) share a `Loopback`: a send there is the tensor handed over in memory, no message.
 """
 
 from __future__ import annotations
@@ -107,6 +110,10 @@ def _data(buf: torch.Tensor, shape: Shape) -> torch.Tensor:
     return buf[HEADER_BYTES:].view(shape[1]).view(shape[0])
 
 
+class Loopback(dict[tuple[str, int], torch.Tensor]):
+    """Tensors handed between two stages of one rank, by (direction, micro-batch): no message."""
+
+
 @dataclass
 class _Posted:
     """Receives posted for one direction of one run: headers in schedule order, packed messages by i."""
@@ -118,8 +125,16 @@ class _Posted:
 class Exchange:
     """This stage's transfers with stages j-1 and j+1; the shape records outlive a run."""
 
-    def __init__(self, stage: int, ranks: list[int], device: torch.device, timeout_s: float) -> None:
+    def __init__(
+        self,
+        stage: int,
+        ranks: list[int],
+        device: torch.device,
+        timeout_s: float,
+        loopback: Loopback | None = None,
+    ) -> None:
         self.stage, self.ranks, self.device, self.timeout_s = stage, ranks, device, timeout_s
+        self.loopback = loopback  # shared with a neighbouring stage on this same rank, if any
         self.early = True  # set by start(), once the process group exists (see the module's docstring)
         # (direction, i) -> the shape last transferred; sender and receiver keep identical copies
         self.sent: dict[tuple[str, int], Shape] = {}
@@ -145,8 +160,17 @@ class Exchange:
         up = (what == "activation") == sending
         return self.stage + (1 if up else -1)
 
+    def local(self, what: str, sending: bool) -> bool:
+        """Whether this transfer's partner is a stage of this same rank (handed over in memory)."""
+        j = self.peer(what, sending)
+        return (
+            self.loopback is not None and 0 <= j < len(self.ranks) and self.ranks[j] == self.ranks[self.stage]
+        )
+
     def start(self, receives: list[tuple[str, int]], sends: list[tuple[str, int]], context: str) -> None:
         """Post the run's receives of known shape (packed) and the headers of the others (in order)."""
+        receives = [(w, i) for w, i in receives if not self.local(w, False)]
+        sends = [(w, i) for w, i in sends if not self.local(w, True)]
         self.context = context
         self.early = dist.get_backend() != "nccl"
         if not self.checked_host:
@@ -171,7 +195,12 @@ class Exchange:
             # else a gradient's receive is posted by expect(), once its activation was sent
 
     def _neighbours(self) -> list[int]:
-        return [self.ranks[j] for j in (self.stage - 1, self.stage + 1) if 0 <= j < len(self.ranks)]
+        me = self.ranks[self.stage]
+        return [
+            self.ranks[j]
+            for j in (self.stage - 1, self.stage + 1)
+            if 0 <= j < len(self.ranks) and self.ranks[j] != me
+        ]
 
     def _shared_memory(self) -> None:
         """Use the mailbox with each neighbour that is a CPU process of this host (a decision both
@@ -193,6 +222,8 @@ class Exchange:
 
     def expect(self, what: str, i: int, shape: Shape) -> None:
         """Micro-batch i's `what` will have this shape: post its receive unless start() did."""
+        if self.local(what, False):
+            return
         self.received[(what, i)] = shape
         if self.box_from[what] is not None:
             return
@@ -220,6 +251,9 @@ class Exchange:
 
     def send(self, what: str, i: int, t: torch.Tensor) -> None:
         """Send micro-batch i's activation or gradient without waiting for it to leave."""
+        if self.loopback is not None and self.local(what, True):
+            self.loopback[(what, i)] = t.detach()
+            return
         shape: Shape = (tuple(t.shape), t.dtype)
         unsent = self.unsent[what]
         if unsent and unsent[0] == i:
@@ -251,6 +285,8 @@ class Exchange:
 
     def recv(self, what: str, i: int) -> torch.Tensor:
         """Micro-batch i's activation (from j-1) or gradient (from j+1); raises Aborted on an abort."""
+        if self.loopback is not None and self.local(what, False):
+            return self.loopback.pop((what, i))
         peer = self.box_from[what]
         if self.mailbox is not None and peer is not None:
             # a view of the sender's slot, no copy: the sender writes key i again only in its next
@@ -338,7 +374,7 @@ class Exchange:
         works = []
         for what in DIRECTIONS:
             peer = self.peer(what, sending=True)
-            if not 0 <= peer < len(self.ranks) or peer == came_from:
+            if not 0 <= peer < len(self.ranks) or peer == came_from or self.local(what, True):
                 continue
             if self.mailbox is not None and self.ranks[peer] in self.boxed:
                 empty = torch.empty(0, dtype=torch.uint8)

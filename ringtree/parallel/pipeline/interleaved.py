@@ -6,6 +6,10 @@ virtual stages s - 1 and s + 1, the last rank's chunk c feeding rank 0's chunk c
 of a rank may talk to the same neighbour rank, so each link s -> s + 1 keeps its messages apart:
 micro-batch i travels under key i + s LINK_KEYS (tags, shared-memory keys) and its own header tag.
 The rank then runs its schedule's actions in the interleaved order, each on its chunk's stage.
+
+The V placement (ZB-V, DualPipeV) is the same with two chunks and another map: rank j holds
+virtual stages j and 2p-1-j, so virtual stage s runs on rank s (s < p) or 2p-1-s, and the last
+rank's two chunks are neighbours: their transfers are handed over in memory (exchange.Loopback).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ringtree.comm.errors import CollectiveError
-from ringtree.parallel.pipeline.exchange import HEADER_TAG, Aborted, Exchange, Shape
+from ringtree.parallel.pipeline.exchange import HEADER_TAG, Aborted, Exchange, Loopback, Shape
 from ringtree.parallel.pipeline.runtime import (
     ActionSpan,
     LossFn,
@@ -72,7 +76,8 @@ class LinkExchange(Exchange):
 
 
 class InterleavedStage:
-    """Rank `stage` of a p-rank pipeline holding chunks[c], the virtual stage c p + stage."""
+    """Rank `stage` of a p-rank pipeline holding chunks[c], the virtual stage c p + stage (placement
+    "loop"), or stage and 2p-1-stage (placement "v", two chunks)."""
 
     def __init__(
         self,
@@ -83,17 +88,34 @@ class InterleavedStage:
         *,
         loss_fn: LossFn = F.cross_entropy,
         device: torch.device | None = None,
+        placement: str = "loop",
+        defer_weights: bool = True,
     ) -> None:
         p, v = len(ranks), len(chunks)
-        virtual = list(ranks) * v  # virtual stage s runs on rank s mod p
-        self.stage, self.p, self.v = stage, p, v
+        if placement == "v" and v != 2:
+            raise ValueError(f"the V placement holds 2 chunks a rank, got {v}")
+        shape = PipelineSchedule("", p, 1, ((),) * p, v, placement)  # the map only, no actions
+        to_stage, of_stage = shape.stage_of, shape.virtual_of
+        virtual = [ranks[to_stage(s)[0]] for s in range(p * v)]  # the rank of each virtual stage
+        self.stage, self.p, self.v, self.placement = stage, p, v, placement
         self.chunks = [
-            PipelineStage(chunk, c * p + stage, virtual, timeout_s, loss_fn=loss_fn, device=device)
+            PipelineStage(
+                chunk,
+                of_stage(stage, c),
+                virtual,
+                timeout_s,
+                loss_fn=loss_fn,
+                device=device,
+                defer_weights=defer_weights,
+            )
             for c, chunk in enumerate(chunks)
         ]
+        loopback = Loopback()  # chunks of this rank that are neighbours (the V's turn)
         for st in self.chunks:
-            st.exchange = LinkExchange(st.stage, virtual, st.device, timeout_s)
-        self.is_first, self.is_last = stage == 0, stage == p - 1
+            st.exchange = LinkExchange(st.stage, virtual, st.device, timeout_s, loopback)
+        # the rank holding the first virtual stage / the last one (the loss)
+        self.is_first = to_stage(0)[0] == stage
+        self.is_last = to_stage(p * v - 1)[0] == stage
 
     def run(
         self,
@@ -102,10 +124,11 @@ class InterleavedStage:
         step: Callable[[], None] = lambda: None,
     ) -> StageRun:
         """Run this rank's interleaved actions, each on its chunk; `step` once, at the step action."""
-        if (schedule.stages, schedule.virtual_stages) != (self.p, self.v):
+        if (schedule.stages, schedule.virtual_stages, schedule.placement) != (self.p, self.v, self.placement):
             raise ValueError(
-                f"schedule for {schedule.stages} stages x {schedule.virtual_stages} chunks, but this "
-                f"pipeline has {self.p} stages x {self.v} chunks"
+                f"schedule for {schedule.stages} stages x {schedule.virtual_stages} chunks placed "
+                f"{schedule.placement!r}, but this pipeline has {self.p} stages x {self.v} chunks "
+                f"placed {self.placement!r}"
             )
         flat = _flat(schedule)
         runs = [_Execution(st, flat, micro_batches, step) for st in self.chunks]
@@ -143,10 +166,9 @@ class InterleavedStage:
 
 
 def _flat(s: PipelineSchedule) -> PipelineSchedule:
-    """The same run as a plain pipeline of p V stages: virtual stage c p + j's actions, no step."""
+    """The same run as a plain pipeline of p V stages: each virtual stage's actions, no step."""
     actions = [
         tuple(replace(a, chunk=0) for a in s.actions[j] if a.kind is not Kind.STEP and a.chunk == c)
-        for c in range(s.virtual_stages)
-        for j in range(s.stages)
+        for j, c in (s.stage_of(v) for v in range(s.stages * s.virtual_stages))
     ]
     return PipelineSchedule(s.name, s.stages * s.virtual_stages, s.micro_batches, tuple(actions))

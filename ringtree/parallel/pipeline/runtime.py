@@ -7,6 +7,13 @@ sends never block and are awaited at the end of the schedule, receives wait at m
 last stage computes `loss_fn(output, labels)`; losses stay on the device until the run ends. A
 stage that fails sends an abort header to its neighbours, which raise and pass it on, so a failure
 in one stage raises on every stage instead of leaving the others waiting.
+
+Schedules that split the backward (ZB-H1, ZB-H2, ZB-V, DualPipeV) run B and W as two actions
+(`split`): B computes the input's gradient and sends it upstream at once, W the weights' gradients
+when the schedule says; a micro-batch's activations are held until its W. Their weight gradients
+are added into `.grad` outside the parameters' hooks, so DDP synchronizes them at the step. A stage
+made with defer_weights=False (activation-checkpointed: deferring W would recompute its segments
+once per weight) computes the weight gradients in B and its W actions do nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from torch import nn
 
 from ringtree.comm.errors import CollectiveError
 from ringtree.parallel.pipeline.exchange import Aborted, Exchange
+from ringtree.parallel.pipeline.split import WeightWork, backward_input, backward_weight
 from ringtree.parallel.pipeline.stash import WeightStash
 from ringtree.schedules.pipeline import SYNCHRONOUS, Action, Kind, PipelineSchedule
 
@@ -30,7 +38,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (outputs, label
 
 @dataclass(frozen=True)
 class ActionSpan:
-    """One forward, backward or step of this stage, in time.perf_counter() seconds."""
+    """One forward, backward (B of a split one), weight (its W) or step of this stage, in
+    time.perf_counter() seconds."""
 
     kind: str
     micro_batch: int
@@ -52,6 +61,8 @@ class PipelineStage:
     """This rank's stage of a pipeline whose stage j runs on global rank ranks[j].
 
     The last stage turns its output and the micro-batch's targets into the loss with `loss_fn`.
+    defer_weights: under a schedule that splits the backward, W computes the weight gradients
+    (False: B does, with the input's; for a stage under activation checkpointing).
     """
 
     def __init__(
@@ -63,12 +74,13 @@ class PipelineStage:
         *,
         loss_fn: LossFn = F.cross_entropy,
         device: torch.device | None = None,
+        defer_weights: bool = True,
     ) -> None:
         if not 0 <= stage < len(ranks):
             raise ValueError(f"stage {stage} is not one of the {len(ranks)} stages of ranks {list(ranks)}")
         self.module, self.stage, self.ranks, self.timeout_s = module, stage, list(ranks), timeout_s
         self.is_first, self.is_last = stage == 0, stage == len(ranks) - 1
-        self.loss_fn = loss_fn
+        self.loss_fn, self.defer_weights = loss_fn, defer_weights
         first = next(module.parameters(), None)
         self.device = device or (first.device if first is not None else torch.device("cpu"))
         self.exchange = Exchange(stage, self.ranks, self.device, timeout_s)
@@ -113,13 +125,20 @@ class _Execution:
         self.scale = [len(y) / total if s.name in SYNCHRONOUS else 1.0 for _, y in batches]
         self.stash = None if s.name in SYNCHRONOUS else WeightStash(stage.module, s.actions[stage.stage])
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # i -> (input, output or loss)
+        self.split = s.splits_backward
+        self.weight_work: dict[int, WeightWork] = {}  # i -> what its W needs (split backward)
         self.saved_bytes: dict[int, int] = {}
         self.losses: list[torch.Tensor] = []  # detached, on the device: read once, at the end
         self.out = StageRun()
         # the weights' storages, once per run (not per forward: between actions every tensor
         # operation counts, and an optimizer step updates the weights in place)
         self.params = {p.untyped_storage().data_ptr() for p in stage.module.parameters()}
-        self.act_of = {Kind.FORWARD: self.forward, Kind.BACKWARD: self.backward, Kind.STEP: self.do_step}
+        self.act_of = {
+            Kind.FORWARD: self.forward,
+            Kind.BACKWARD: self.backward,
+            Kind.WEIGHT: self.weight,
+            Kind.STEP: self.do_step,
+        }
         self.times: list[tuple[str, int, float, float]] = []  # the spans, as tuples until the run ends
 
     def run(self) -> StageRun:
@@ -191,6 +210,14 @@ class _Execution:
         x, out = self.saved.pop(i)
         grad = None if self.st.is_last else self.ex.recv("gradient", i)
         start = time.perf_counter()
+        if self.split:  # B: the input's gradient only; W later
+            self.weight_work[i] = backward_input(out, grad, x, self.st.defer_weights)
+            del out
+            self.span("backward", i, start)
+            if not self.st.is_first:
+                assert x.grad is not None, "a received activation always requires grad"
+                self.ex.send("gradient", i, x.grad)
+            return
         torch.autograd.backward(out, grad)
         del self.saved_bytes[i]
         if self.stash is not None:
@@ -199,6 +226,14 @@ class _Execution:
         if not self.st.is_first:
             assert x.grad is not None, "a received activation always requires grad"
             self.ex.send("gradient", i, x.grad)
+
+    def weight(self, a: Action) -> None:
+        """W of micro-batch i: its weights' gradients, into .grad; its activations freed."""
+        i = a.micro_batch
+        start = time.perf_counter()
+        backward_weight(self.weight_work.pop(i))
+        del self.saved_bytes[i]
+        self.span("weight", i, start)
 
     def do_step(self, a: Action) -> None:
         start = time.perf_counter()
