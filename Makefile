@@ -23,7 +23,7 @@ demo: venv
 	@echo ""
 	@echo "ringtree is installed in .venv. To run it as plain 'ringtree', put it on your PATH:"
 	@echo "    source .venv/bin/activate      (or call .venv/bin/ringtree directly)"
-	@echo "What the table above means and what to try next: README.md, 'Your first five minutes'."
+	@echo "What the table above means and what to try next: README.md, 'A five-minute tour'."
 
 lint: venv
 	.venv/bin/ruff check ringtree tests benchmarks examples

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -14,11 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtree import comm
+from ringtree import comm, dtypes
 from ringtree.comm import shm
 from ringtree.comm.collectives import NATIVE
 from ringtree.comm.reduce_ops import check_op
 from ringtree.sim.network.busbw import busbw_factor
+from ringtree.units import format_size
 
 # The rows `--json` writes: exactly these keys, in this order.
 ROW_KEYS = (
@@ -131,7 +133,7 @@ def check_device(device: str) -> None:
 def torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype) or dtype not in comm.DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in comm.DTYPES)
+        names = ", ".join(dtypes.short(str(d)) for d in comm.DTYPES)
         raise ValueError(f"unknown dtype {name!r}; choose one of {names}")
     return dtype
 
@@ -341,6 +343,9 @@ def worker(rank: int, cfg: BenchConfig, show_progress: bool = True) -> list[dict
         cfg = BenchConfig(**{**asdict(cfg), "device": f"cuda:{torch.cuda.current_device()}"})
     if rank != 0 or not show_progress:
         return [r.as_dict() for r in run_sweep(cfg)]
+    if "TORCHELASTIC_RUN_ID" in os.environ and not sys.stderr.isatty():  # torchrun's logs, emulate's
+        # node 0: no bar shows there, and a default sweep on a slow link takes minutes
+        return [r.as_dict() for r in run_sweep(cfg, on_row=SizesDone(cfg, _sizes(cfg)))]
     from rich.progress import Progress
 
     total = len(_counts(cfg, torch_dtype(cfg.dtype), dist.get_world_size())) * len(cfg.algorithm_list())
@@ -348,3 +353,53 @@ def worker(rank: int, cfg: BenchConfig, show_progress: bool = True) -> list[dict
         task = bar.add_task(f"{cfg.collective} x {dist.get_world_size()} ranks", total=total)
         rows = run_sweep(cfg, on_row=lambda _: bar.advance(task))
     return [r.as_dict() for r in rows]
+
+
+def _sizes(cfg: BenchConfig) -> list[int]:
+    """The byte sizes the sweep measures (each a whole number of elements)."""
+    dtype = torch_dtype(cfg.dtype)
+    return [c * dtype.itemsize for c in _counts(cfg, dtype, dist.get_world_size())]
+
+
+class SizesDone:
+    """A `#` line on stderr as each size is done, where no progress bar can show: the size, how
+    many of the sweep's are done, the time so far and an estimate of the rest, from the sizes
+    done as alpha + beta x bytes (alpha: the first size's time, beta: the last's growth over it)."""
+
+    def __init__(self, cfg: BenchConfig, sizes: list[int], clock: Callable[[], float] = time.monotonic):
+        self.per_size, self.sizes, self.clock = len(cfg.algorithm_list()), sizes, clock
+        self.start, self.rows = clock(), 0
+        self.times = [self.start]  # when each size ended, after the start
+
+    def __call__(self, row: Row) -> None:
+        self.rows += 1
+        if self.rows % self.per_size:
+            return
+        self.times.append(self.clock())
+        print(self.line(self.rows // self.per_size), file=sys.stderr, flush=True)
+
+    def line(self, done: int) -> str:
+        elapsed = self.times[-1] - self.start
+        size, n = format_size(self.sizes[done - 1]), len(self.sizes)
+        said = f"# {size} done ({done} of {n} sizes) in {_duration(elapsed)}"
+        if done == len(self.sizes):
+            return said
+        return f"{said}; about {_duration(self.rest(done))} left"
+
+    def rest(self, done: int) -> float:
+        """Seconds the sizes not done yet would take at alpha + beta x bytes."""
+        alpha = self.times[1] - self.times[0]
+        last = self.times[done] - self.times[done - 1]
+        grown = self.sizes[done - 1] - self.sizes[0]
+        beta = max(0.0, last - alpha) / grown if grown > 0 else 0.0
+        return sum(alpha + beta * (size - self.sizes[0]) for size in self.sizes[done:])
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.1f} s"
+        if seconds < 10
+        else f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.1f} min"
+    )

@@ -192,9 +192,14 @@ def plot_trees(trees: list[dict[str, Any]], path: Path, title: str) -> None:
     _save(fig, path)
 
 
-def _draw_holdings(ax: Any, frame: dict[str, Any], p: int) -> None:
+HOLDINGS_LEGEND = (
+    "number: how many ranks' inputs the chunk holds (Σ: all of them); red outline: received in this step"
+)
+
+
+def _draw_holdings(ax: Any, frame: dict[str, Any], p: int, per_node: int | None = None) -> None:
     """One step's holdings: ranks x chunks, shaded by how many ranks' inputs each chunk holds; the
-    chunks received in the step outlined in red."""
+    chunks received in the step outlined in red; with per_node, a line between nodes' ranks."""
     from matplotlib.patches import Rectangle
 
     held = frame["held"]
@@ -211,12 +216,21 @@ def _draw_holdings(ax: Any, frame: dict[str, Any], p: int) -> None:
     ax.set_ylabel("rank", fontsize=7)
     ax.set_xticks(range(len(held[0])))
     ax.set_yticks(range(len(held)))
+    if per_node is not None and per_node < len(held):
+        for boundary in range(per_node, len(held), per_node):
+            ax.axhline(boundary - 0.5, color="black", lw=1.2, ls="--")
+        ax.set_yticks(range(len(held)), [f"{r} (n{r // per_node})" for r in range(len(held))])
+        ax.set_ylabel("rank (node)", fontsize=7)
     ax.tick_params(labelsize=6)
 
 
-def plot_holdings(frames: list[dict[str, Any]], p: int, path: Path, title: str) -> None:
+def plot_holdings(
+    frames: list[dict[str, Any]], p: int, path: Path, title: str, per_node: int | None = None
+) -> None:
     """Small multiples, one per step: what every rank holds of every chunk (number of contributions,
-    Σ when all p are in), the chunks received in that step outlined in red.
+    Σ when all p are in), the chunks received in that step outlined in red; with per_node (ranks
+    per node, several nodes), dashed lines between the nodes and each rank's node on its label.
+    A legend under the panels says what the numbers and outlines mean.
 
     frames: {"title", "held": [[count per chunk] per rank], "received": [(rank, chunk), ...]}.
     """
@@ -231,9 +245,11 @@ def plot_holdings(frames: list[dict[str, Any]], p: int, path: Path, title: str) 
     for ax in axes.flat[len(frames) :]:
         ax.axis("off")
     for ax, frame in zip(axes.flat, frames, strict=False):
-        _draw_holdings(ax, frame, p)
+        _draw_holdings(ax, frame, p, per_node)
     fig.suptitle(title, fontsize=10)
-    _save(fig, path)
+    nodes = "; dashed lines: between nodes (n0, n1, ...)" if per_node is not None and per_node < p else ""
+    fig.text(0.5, 0.005, HOLDINGS_LEGEND + nodes, ha="center", va="bottom", fontsize=7)
+    _save(fig, path, rect=(0, 0.04, 1, 1))
 
 
 def animate_holdings(frames: list[dict[str, Any]], p: int, path: Path, title: str) -> None:
@@ -289,11 +305,12 @@ def plot_all_to_all(frames: list[dict[str, Any]], p: int, path: Path, title: str
     _save(fig, path)
 
 
-def _save(fig: Any, path: Path) -> None:
-    """Lay out, write the PNG (creating its folder) and free the figure."""
+def _save(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None) -> None:
+    """Lay out (within rect, leaving room for a legend), write the PNG (creating its folder) and
+    free the figure."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

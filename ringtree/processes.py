@@ -7,15 +7,19 @@ and a file-based rendezvous (no ports to choose), for `--nproc N` and for the te
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import multiprocessing.util
 import os
 import pickle
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import FileStore  # type: ignore[attr-defined]  # exported, not in __all__
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from torch.multiprocessing.spawn import start_processes
 
@@ -176,6 +182,25 @@ def _worker(
     os._exit(0)
 
 
+class WorkerError(Exception):
+    """What a local worker said when it stopped the run: a user's mistake (a ValueError or
+    TypeError, code 2) or any error before training started (code 1), in one sentence."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+_started = False  # set in a worker when the training loop begins (training_started)
+
+
+def training_started() -> None:
+    """Mark this worker's training as begun: a failure from here on is torch's report, with its
+    traceback and the elastic agent's restarts; before, it is one sentence (WorkerError)."""
+    global _started
+    _started = True
+
+
 def elastic_spawn(
     fn: Callable[..., Any],
     nproc: int,
@@ -190,8 +215,10 @@ def elastic_spawn(
     The same agent torchrun runs: a worker that dies (SIGKILL, OOM) makes it stop the group and
     start it again, up to `max_restarts` times, with TORCHELASTIC_RESTART_COUNT counting the
     attempts, so a local run restarts exactly as a cluster job would. Rendezvous is c10d on
-    127.0.0.1 with a port the agent picks. A run that fails after its restarts raises
-    torch's ChildFailedError naming the failed rank and its exit code.
+    127.0.0.1 with a port the agent picks. A worker that raises ValueError or TypeError (a user's
+    mistake), or any error before training_started(), makes it raise WorkerError with that one
+    sentence (the lowest rank's); any other failure raises torch's ChildFailedError naming the
+    failed rank and its exit code. The agent's logs go to a temporary folder removed at the end.
     """
     if nproc < 1 or max_restarts < 0:
         raise ValueError(f"need nproc >= 1 and max_restarts >= 0, got {nproc} and {max_restarts}")
@@ -199,20 +226,104 @@ def elastic_spawn(
     # gloo or NCCL group can read them and connect to a dead port (pytorch/pytorch#135712): give
     # each attempt its own store, as that issue advises.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"ringtree-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    _quiet_shutdown_logs()
-    results = elastic_launch(config, _elastic_worker)(fn, backend, collective_timeout_s, *args)
+    with tempfile.TemporaryDirectory(prefix="ringtree-elastic-") as folder:
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nproc,
+            run_id=f"ringtree-{uuid.uuid4().hex[:12]}",
+            rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:0",
+            max_restarts=max_restarts,
+            monitor_interval=0.1,
+            start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=folder),  # not a /tmp/torchelastic_* left behind
+            # Not SIGINT: the agent would pass it on to workers still deaf to it and wait for them.
+            # Ctrl-C raises KeyboardInterrupt here instead, and the agent stops them with SIGTERM.
+            signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",
+        )
+        _quiet_shutdown_logs()
+        with _agent_quiet_after(Path(folder)), _workers_start_deaf():
+            try:
+                results = elastic_launch(config, _elastic_worker)(
+                    fn, backend, collective_timeout_s, folder, *args
+                )
+            except ChildFailedError:
+                said = _what_workers_said(Path(folder))
+                if said is None:
+                    raise
+                raise said from None
     return [results[r] for r in range(nproc)]
+
+
+@contextlib.contextmanager
+def _workers_start_deaf() -> Iterator[None]:
+    """Workers start with SIGINT ignored (a disposition that survives exec, and that Python keeps)
+    and hear it again once they run ringtree's code (_elastic_worker): a Ctrl-C while they import
+    torch reaches only this process, whose agent stops them, instead of a KeyboardInterrupt
+    traceback from every one. This process ignores it only for the instant of each fork and exec
+    (multiprocessing's spawn goes through util.spawnv_passfds)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    start = multiprocessing.util.spawnv_passfds
+
+    def deaf(path: Any, args: Any, passfds: Any) -> int:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return start(path, args, passfds)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    multiprocessing.util.spawnv_passfds = deaf
+    try:
+        yield
+    finally:
+        multiprocessing.util.spawnv_passfds = start
+
+
+class _AfterWorkerSaid(logging.Filter):
+    """Drops the agent's report of a failed worker (its traceback, the terminated peers) once a
+    worker has said why it stopped: that one sentence is the run's last word."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(self.folder.glob("said-*"))
+
+
+_AGENT_LOGGERS = (
+    "torch.multiprocessing.spawn",
+    "torch.distributed.elastic.multiprocessing.api",
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+    "torch.distributed.elastic.multiprocessing.errors",
+    "torch.distributed.launcher.api",
+)
+
+
+@contextlib.contextmanager
+def _agent_quiet_after(folder: Path) -> Iterator[None]:
+    quiet = _AfterWorkerSaid(folder)
+    loggers = [logging.getLogger(name) for name in _AGENT_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+def _what_workers_said(folder: Path) -> WorkerError | None:
+    """The lowest rank's sentence (said-<rank>: its exit code, then the text), if any said one."""
+    said = sorted(folder.glob("said-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not said:
+        return None
+    code, _, message = said[0].read_text().partition("\n")
+    return WorkerError(message, int(code))
 
 
 class _ShutdownNotices(logging.Filter):
@@ -221,7 +332,8 @@ class _ShutdownNotices(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(
-            s in str(record.msg) for s in ("death signal", "Closing process", "termination signal")
+            s in str(record.msg)
+            for s in ("death signal", "Closing process", "termination signal", "Unable to shutdown")
         )
 
 
@@ -235,19 +347,42 @@ def _quiet_shutdown_logs() -> None:
             logger.addFilter(_ShutdownNotices())
 
 
-def _elastic_worker(fn: Callable[..., Any], backend: str, collective_timeout_s: float, *args: Any) -> Any:
+def _elastic_worker(
+    fn: Callable[..., Any], backend: str, collective_timeout_s: float, folder: str, *args: Any
+) -> Any:
     """One worker of elastic_spawn: join the attempt's world, run, leave. Its result travels
     back through the agent, so it returns normally (no early exit as in `spawn`)."""
-    torch.set_num_threads(1)  # N processes share the host's cores: one intra-op thread each
-    if backend == "nccl":  # one GPU per local rank, bound before the group is made
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    init_from_env(backend, collective_timeout_s)
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # started deaf to Ctrl-C
+        torch.set_num_threads(1)  # N processes share the host's cores: one intra-op thread each
+        if backend == "nccl":  # one GPU per local rank, bound before the group is made
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        init_from_env(backend, collective_timeout_s)
         return fn(dist.get_rank(), *args)
     except KeyboardInterrupt:  # Ctrl-C reached the workers too: the launcher says where it stopped
         _exit_now(130)
+    except Exception as e:
+        _say(Path(folder), e)
+        raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _say(folder: Path, error: Exception) -> None:
+    """A user's mistake, or a failure before training began: its one sentence to the launcher
+    (said-<rank>, written whole by a rename), and leave without a traceback."""
+    mistake = isinstance(error, ValueError | TypeError)
+    if _started and not mistake:
+        return  # a failure mid-run: torch's report, and the agent's restarts
+    rank = os.environ.get("RANK", "0")
+    text = str(getattr(error, "cli", error))
+    if not mistake:
+        text = f"rank {rank} failed before training started: {type(error).__name__}: {text}"
+    tmp = folder / f".said-{rank}"
+    tmp.write_text(f"{2 if mistake else 1}\n{text}")
+    tmp.rename(folder / f"said-{rank}")
+    _exit_now(2 if mistake else 1)
 
 
 def _exit_now(code: int) -> None:

@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from ringtree.cli.app import app
+from ringtree.train import checkpoint
 
 # (arguments, a fragment the message must hold); "{tmp}" is an existing folder, "{file}" a file in it.
 CASES: list[tuple[list[str], str]] = [
@@ -49,7 +50,24 @@ CASES: list[tuple[list[str], str]] = [
         ["train", "--compression", "powersgd", "--powersgd-start-iter", "-1"],
         "--powersgd-start-iter must be 0",
     ),
+    (["train", "--checkpoint-dir", "{run}"], "pass --resume to continue that run, or name a new folder"),
+    (["train", "--resume", "--model", "vit", "--checkpoint-dir", "{run}"], "holds model 'mlp', not 'vit'"),
+    (["train", "--nproc", "100000"], "GB per worker) and this machine has"),
 ]
+# Every command's output paths: a folder that does not exist is refused before any work, not made.
+OUTPUTS = [
+    ["bench", "--json"], ["bench", "--plot"], ["plan", "--json"], ["plan", "--plot"],
+    ["sim", "--cluster", "dgx-a100", "--json"],
+    ["sim", "--cluster", "dgx-a100", "--sweep", "sizes", "--plot"],
+    ["train", "--json"], ["train", "--trace"], ["show", "ring", "--json"], ["show", "ring", "--png"],
+    ["trace", "{tmp}", "--json"], ["trace", "{tmp}", "--plot"], ["doctor", "--json"],
+    ["checkpoint", "inspect", "{run}", "--json"], ["emulate", "--json"], ["calibrate", "{file}", "--out"],
+]  # fmt: skip
+CASES += [
+    ([*args, "{tmp}/no/such/out.png" if args[-1] in ("--png", "--plot") else "{tmp}/no/such/out.json"],
+     "the folder {tmp}/no/such does not exist; create it")
+    for args in OUTPUTS
+]  # fmt: skip
 if not torch.cuda.is_available():
     CASES.append((["bench", "--device", "cuda"], "needs a CUDA GPU and this machine has none"))
 
@@ -84,18 +102,36 @@ def _exits_2(tmp_path: Path, args: list[str], fragment: str, env: dict[str, str]
     (tmp_path / "file").write_text("x")
     (tmp_path / "bin").write_bytes(b"\xa8\x00\xff\x01")  # not UTF-8: what a .pt or .png starts like
     (tmp_path / "last.pt").write_text("not a checkpoint")  # what --resume finds in {tmp}
-    before = sorted(p.name for p in tmp_path.iterdir())
-    names = {"{tmp}": tmp_path, "{file}": tmp_path / "file", "{bin}": tmp_path / "bin"}
+    run = tmp_path / "run"  # another run's checkpoint folder: a dense checkpoint of the mlp
+    checkpoint.save(run, {"model_name": "mlp", "model": {}, "step": 3})
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    names = {"{tmp}": tmp_path, "{file}": tmp_path / "file", "{bin}": tmp_path / "bin", "{run}": run}
     filled, fragment = [_fill(a, names) for a in args], _fill(fragment, names)
     result = CliRunner().invoke(app, filled, env=env)
     message = _one_sentence(result.output)
     assert result.exit_code == 2, result.output
     assert fragment in message, message
     assert "Traceback" not in result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing left over
+    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert after == before  # nothing written, nothing left over
 
 
 def _fill(text: str, names: dict[str, Path]) -> str:
     for key, path in names.items():
         text = text.replace(key, str(path))
     return text
+
+
+def test_many_more_workers_than_cores_is_a_warning_with_the_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ringtree.cli.train import _check_machine
+
+    _check_machine(16, 2, 64.0)
+    said = capsys.readouterr().err
+    assert said.startswith("warning: --nproc 16 workers share 2 core(s), 0.12 of a core each"), said
+    _check_machine(4, 2, 64.0)  # two per core: no word
+    assert capsys.readouterr().err == ""
+    refused = r"--nproc 16 needs about 6.4 GB .* has 2.0 GB available; use --nproc 5 or fewer"
+    with pytest.raises(ValueError, match=refused):
+        _check_machine(16, 2, 2.0)

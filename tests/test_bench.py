@@ -152,3 +152,20 @@ def test_bench_under_torchrun_on_two_nodes(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     assert {r["algorithm"] for r in rows} == {"hierarchical", "ring", "native"}
     assert all(r["wrong"] == 0 and r["world_size"] == 4 for r in rows)
+
+
+def test_a_sweep_where_no_bar_shows_says_each_size_done_and_the_time_left(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ringtree.bench import BenchConfig, SizesDone
+
+    cfg = BenchConfig(algorithms=("ring", "tree"))
+    ticks = iter([0.0, 1.0, 2.0, 3.0, 5.0])  # the start, then each size's end: 1 s, 1 s, 1 s, 2 s
+    done = SizesDone(cfg, [8, 64, 1 << 20, 2 << 20, 4 << 20], clock=lambda: next(ticks))
+    for _ in range(8):  # four sizes, each done when both algorithms are
+        done(None)  # type: ignore[arg-type]  # the row itself is not read
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 4
+    assert said[0] == "# 8 done (1 of 5 sizes) in 1.0 s; about 4.0 s left"  # 4 sizes left at alpha
+    # 2M took 2 s: alpha 1 s plus 1 s per (2M - 8) bytes, so 4M takes about 3 s
+    assert said[3] == "# 2M done (4 of 5 sizes) in 5.0 s; about 3.0 s left"

@@ -156,3 +156,29 @@ def test_a_teacher_folder_with_a_damaged_newest_uses_the_previous_one(tmp_path: 
         assert isinstance(teacher, nn.Linear)
         assert torch.equal(teacher.weight, nets[0].weight)  # step 1's weights, not step 2's
     assert len(reports) == 2 and all("step-00000002.json" in r for r in reports), reports
+
+
+def test_inspect_reads_the_record_of_a_sharded_checkpoint_with_a_damaged_shard(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ringtree.cli.app import app
+    from ringtree.train import checkpointer, sharded_checkpoint
+
+    folder = tmp_path / "step-00000007.dcp"  # what --zero saves: shards, metadata, ringtree's record
+    folder.mkdir()
+    for name, data in ((".metadata", b"meta"), ("__0_0.distcp", b"shard 0"), ("__1_0.distcp", b"shard 1")):
+        (folder / name).write_bytes(data)
+    files = {f.name: sharded_checkpoint.digest(f) for f in folder.iterdir()}
+    layout = {"world_size": 2, "dp": 2, "tp": 1, "pp": 1, "cp": 1, "zero": 1}
+    record = {"step": 7, "model_name": "mlp", "layout": layout, "files": files}
+    (folder / sharded_checkpoint.RECORD).write_text(json.dumps(record))
+    (folder / "__1_0.distcp").write_bytes(b"damaged")
+    report = checkpointer.inspect(tmp_path)
+    assert (report["model_name"], report["step"], report["layout"]) == ("mlp", 7, layout)
+    assert not report["verifies"] and "__1_0.distcp differs from the one recorded" in report["problem"]
+    assert [f["bytes"] for f in report["files"]] == [4, 7, 7]  # as on disk: the damaged one its own
+    result = CliRunner().invoke(app, ["checkpoint", "inspect", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "sharded checkpoint of mlp at step 7, saved at 2 ranks" in result.output

@@ -112,3 +112,11 @@ def test_the_readmes_link_to_files_that_exist() -> None:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / readme).read_text()):
             if "://" not in target:
                 assert (ROOT / target).exists(), f"{readme} links to {target}, which does not exist"
+
+
+def test_the_readmes_stay_a_quick_start_and_the_makefile_points_at_their_sections() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in ("README.md", "README.ko.md"):
+        assert len((ROOT / name).read_text().splitlines()) <= 150, name
+    for section in re.findall(r"README\.md, '([^']+)'", (ROOT / "Makefile").read_text()):
+        assert f"## {section}\n" in readme, section

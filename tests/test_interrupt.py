@@ -64,3 +64,53 @@ def test_ctrl_c_in_bench_exits_130_in_one_line(tmp_path: Path) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 130 and lines == ["ringtree bench: interrupted; nothing written"], err
     assert list(tmp_path.iterdir()) == []
+
+
+def _workers_started(launcher: subprocess.Popen[str]) -> Callable[[], bool]:
+    """True half a second after the launcher spawned its first worker: past the instant of its
+    fork and exec, while it imports torch (seconds)."""
+    seen: list[float] = []
+
+    def started() -> bool:
+        if not seen and _a_worker_of(launcher.pid):
+            seen.append(time.monotonic())
+        return bool(seen) and time.monotonic() - seen[0] > 0.5
+
+    return started
+
+
+def _a_worker_of(pid: int) -> bool:
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            ppid = next(x for x in status.read_text().splitlines() if x.startswith("PPid:"))
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except (OSError, StopIteration):
+            continue
+        if int(ppid.split()[1]) == pid and b"spawn_main" in cmdline:
+            return True
+    return False
+
+
+def test_ctrl_c_while_workers_start_is_one_line(tmp_path: Path) -> None:
+    launcher: list[subprocess.Popen[str]] = []
+    real_popen = subprocess.Popen
+
+    started: list[Callable[[], bool]] = []
+
+    def remember(*args: object, **kwargs: object) -> subprocess.Popen[str]:
+        launcher.append(real_popen(*args, **kwargs))  # type: ignore[call-overload]
+        started.append(_workers_started(launcher[-1]))
+        return launcher[-1]
+
+    subprocess.Popen = remember  # type: ignore[misc, assignment]
+    try:
+        code, err = _interrupt(
+            ["train", "--nproc", "2", "--model", "mlp-tiny", "--no-progress"],
+            lambda: bool(launcher) and started[0](),
+        )
+    finally:
+        subprocess.Popen = real_popen  # type: ignore[misc]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert lines == ["interrupted at step 0; last checkpoint: none (no --checkpoint-dir)"], err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -286,3 +287,25 @@ def test_send_ops_carry_the_schedule_bytes() -> None:
     w = walk("all_reduce", "bfb", 4, N)
     total = sum(op.numel for rank in w.schedule.steps for st in rank for op in st if op.kind is OpKind.SEND)
     assert sum(w.bytes_sent(r) for r in range(4)) == total * 4
+
+
+def test_a_png_over_nodes_has_a_legend_and_marks_the_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from ringtree import plots
+    from ringtree.cli.app import app
+
+    saved: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, rect=None: saved.append(fig))
+    png = tmp_path / "ring.png"
+    result = CliRunner().invoke(app, ["show", "ring", "--nodes", "2", "--png", str(png)])
+    assert result.exit_code == 0, result.output
+    (fig,) = saved
+    legend = " ".join(t.get_text() for t in fig.texts)
+    assert "how many ranks' inputs the chunk holds" in legend and "red outline" in legend
+    assert "between nodes" in legend
+    first = fig.axes[0]
+    assert [t.get_text() for t in first.get_yticklabels()] == ["0 (n0)", "1 (n0)", "2 (n1)", "3 (n1)"]
+    assert len(first.get_lines()) == 1  # the dashed line between node 0's ranks and node 1's

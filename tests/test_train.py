@@ -132,6 +132,9 @@ def run_world(rank: int, ck: str) -> dict[str, Any]:
     out["resumed"] = train(rank, replace(QUICK, checkpoint_dir=f"{ck}/part", resume=True)).summary
     out["dp"] = train(rank, replace(QUICK, epochs=1, mode="dp", algorithm="ps", accumulate=2)).summary
     out["long"] = train(rank, replace(QUICK, epochs=8)).summary
+    total = torch.ones(1)
+    torch.distributed.all_reduce(total)  # the world the runs trained in is still the caller's
+    out["left_alone"] = torch.distributed.is_initialized() and float(total) == 2.0
     return out
 
 
@@ -269,3 +272,14 @@ def test_the_docs_recipe_table_is_the_registry() -> None:
     for name, (_, recipe) in [*REGISTRY.items(), ("a factory (`default`)", (None, FACTORY_RECIPE[1]))]:
         lr, epochs, batch = (cell.strip() for cell in shown[name if "(" in name else f"`{name}`"])
         assert (float(lr), int(epochs), int(batch)) == (recipe.lr, recipe.epochs, recipe.batch_size)
+
+
+def test_fit_leaves_a_world_it_did_not_make_and_ends_the_one_it_made(
+    world: tuple[list[dict[str, Any]], Path],
+) -> None:
+    assert all(rank["left_alone"] for rank in world[0])
+    assert not torch.distributed.is_initialized()
+    inputs = torch.randn(16, 4)
+    data = torch.utils.data.TensorDataset(inputs, inputs.sum(1, keepdim=True))
+    Trainer(nn.Linear(4, 1), data, nn.MSELoss(), TrainConfig(epochs=1, progress=False)).fit()
+    assert not torch.distributed.is_initialized()  # its world of one is gone

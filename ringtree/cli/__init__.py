@@ -5,9 +5,26 @@ emulate`,
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+from types import FrameType
 
-from ringtree.cli import (
+
+def _interrupted_while_loading(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C while torch and the commands load: one line and exit 130, not an import traceback."""
+    sys.stderr.write("\nringtree: interrupted\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)  # at once: the modules half loaded have nothing to tidy
+
+
+# Only where Ctrl-C would raise KeyboardInterrupt: a worker started deaf to it (SIG_IGN) stays so.
+_main = threading.current_thread() is threading.main_thread()
+_loading = _main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+if _loading:
+    signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+from ringtree.cli import (  # noqa: E402  (after the Ctrl-C handler of the loading)
     bench,  # noqa: F401  (registers its subcommand)
     checkpoint,  # noqa: F401  (registers its subcommands)
     doctor,  # noqa: F401  (registers its subcommand)
@@ -17,7 +34,10 @@ from ringtree.cli import (
     trace,  # noqa: F401  (registers its subcommand)
     train,  # noqa: F401  (registers its subcommand)
 )
-from ringtree.cli.app import app
+from ringtree.cli.app import app  # noqa: E402
+
+if _loading:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # commands say how they stopped
 
 
 def main() -> None:
@@ -29,7 +49,10 @@ def main() -> None:
 
         whole_lines()  # torchrun's `python -u` splits a print in two writes that ranks interleave
     try:
-        app()
+        app(prog_name="ringtree")  # the usage and `Try 'ringtree --help'`, also under python -m or torchrun
+    except KeyboardInterrupt:  # a command without a word of its own for it
+        sys.stderr.write("\nringtree: interrupted\n")
+        _exit_now(130)
     except SystemExit as e:
         if "TORCHELASTIC_RUN_ID" not in os.environ:
             raise

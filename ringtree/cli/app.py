@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ringtree.cli import help as options_help
 from ringtree.comm import mailbox, shm
 from ringtree.parallel import placement
 
@@ -14,6 +15,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+options_help.install()  # every command's options whole at 80 columns
 
 
 def _print_version(value: bool) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ringtree import dtypes
 from ringtree.cli.app import app
 from ringtree.cli.output import check_output, interrupted, print_environment, print_table, write_json
 from ringtree.units import format_size, parse_size
@@ -27,7 +28,9 @@ def bench(
     min_bytes: str = typer.Option("8", help="Smallest size, e.g. 8, 4K, 64M."),
     max_bytes: str = typer.Option("64M", help="Largest size."),
     step_factor: int = typer.Option(2, help="Multiply the size by this between rows."),
-    dtype: str = typer.Option("float32", help="float32, float64, float16, bfloat16, int32, int64, ..."),
+    dtype: str = typer.Option(
+        "fp32", help="fp32, fp64, fp16, bf16, int32, int64, ...; torch's names (float32, bfloat16) too."
+    ),
     op: str = typer.Option("sum", help="sum, avg, product, max or min."),
     warmup: int = typer.Option(5, help="Untimed calls before timing each row."),
     iters: int = typer.Option(20, help="Timed calls per row."),
@@ -53,7 +56,7 @@ def bench(
             min_bytes=parse_size(min_bytes),
             max_bytes=parse_size(max_bytes),
             step_factor=step_factor,
-            dtype=dtype,
+            dtype=dtypes.torch_name(dtype),
             op=op,
             warmup=warmup,
             iters=iters,

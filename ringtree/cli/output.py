@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-console = Console()
+console = Console(soft_wrap=True)  # a line piped or wider than the terminal stays one line
 
 
 def print_environment(env: dict[str, Any]) -> None:
@@ -21,7 +21,8 @@ def print_environment(env: dict[str, Any]) -> None:
 
 def check_output(path: Path | None, option: str) -> None:
     """Refuse, before any work is done, an output path that could not be written at the end:
-    an existing folder, or a parent that exists but is not a folder (exit 2, one sentence)."""
+    an existing folder, a parent that is a file or does not exist (a typo is not silently made
+    into folders), or one that cannot be written in (exit 2, one sentence)."""
     if path is None:
         return
     if path.is_dir():
@@ -31,6 +32,11 @@ def check_output(path: Path | None, option: str) -> None:
     parent = next((p for p in path.parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise typer.BadParameter(f"{option} {path}: {parent} is a file, not a folder; choose another path")
+    if parent != path.parent:
+        raise typer.BadParameter(
+            f"{option} {path}: the folder {path.parent} does not exist; create it "
+            f"(mkdir -p {path.parent}) or choose another path"
+        )
     if parent is not None and not os.access(parent, os.W_OK):
         raise typer.BadParameter(f"{option} {path}: cannot write in {parent}; choose a writable folder")
 

@@ -27,7 +27,9 @@ def show(
         "outer syncs).",
     ),
     collective: str | None = typer.Option(
-        None, help="all_reduce (default), reduce_scatter, all_gather, broadcast, reduce or all_to_all."
+        None,
+        help="all-reduce (default), reduce-scatter, all-gather, broadcast, reduce or all-to-all "
+        "(underscores work too).",
     ),
     ranks: int | None = typer.Option(None, help="Ranks (collectives; default 4)."),
     nodes: int | None = typer.Option(None, help="Nodes the ranks are spread over, node by node (default 1)."),
@@ -353,9 +355,10 @@ def _collective_request(
     from ringtree.show.pipeline import PIPELINES
     from ringtree.units import parse_size
 
-    name = collective or "all_reduce"
+    name = (collective or "all_reduce").replace("-", "_")  # all-reduce and all_reduce alike
     if name not in GENERATORS:
-        raise ValueError(f"unknown --collective {name!r}; choose one of {', '.join(COLLECTIVES)}")
+        names = ", ".join(c.replace("_", "-") for c in COLLECTIVES)
+        raise ValueError(f"unknown --collective {collective!r}; choose one of {names}")
     if algorithm not in GENERATORS[name]:
         raise ValueError(
             f"unknown {name} algorithm {algorithm!r}; choose one of {', '.join(GENERATORS[name])} "
@@ -607,7 +610,7 @@ def _collective_pictures(q: dict[str, Any], w: Any, png: Path | None, animate: P
         picks = (
             frames if len(frames) <= 16 else [frames[round(k * (len(frames) - 1) / 15)] for k in range(16)]
         )
-        plots.plot_holdings(picks, w.p, png, title)
+        plots.plot_holdings(picks, w.p, png, title, w.p // q["nodes"] if q["nodes"] > 1 else None)
     if png is not None:
         console.print(f"wrote {png}", highlight=False)
     if animate is not None:

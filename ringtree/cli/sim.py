@@ -28,7 +28,7 @@ def sim(
         None,
         help="Algorithm(s), comma-separated, or 'all' (default: ring for all-reduce, native for all-to-all).",
     ),
-    collective: str = typer.Option("all-reduce", help="all-reduce or all-to-all."),
+    collective: str = typer.Option("all-reduce", help="all-reduce or all-to-all (underscores work too)."),
     nodes: int = typer.Option(1, help="Nodes (the largest count with --sweep nodes)."),
     gpus_per_node: int | None = typer.Option(None, help="Devices per node (default 8, or the --cluster's)."),
     intra: str | None = typer.Option(None, help="Intra-node link: a preset, FILE.json or 'bw=..,lat=..'."),
@@ -62,6 +62,7 @@ def sim(
     for an all-reduce the table shows the algorithm and protocol NCCL's cost model picks, and where
     the pick changes; an all-to-all is NCCL's grouped point-to-point (NVLink, PXN across nodes).
     """
+    collective = collective.replace("_", "-")  # all_reduce is all-reduce
     try:
         estimate = _estimator(collective)
         algorithms = _algorithms(collective, algorithm)

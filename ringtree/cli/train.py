@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from typer.core import TyperCommand
 
 from ringtree.cli.app import app
-from ringtree.cli.output import check_output, print_environment, print_table, write_json
+from ringtree.cli.output import check_output, interrupted, print_environment, print_table, write_json
 
 if TYPE_CHECKING:  # torch loads only when a command runs, so `ringtree plan` starts fast
     from ringtree.train import RankResult, TrainConfig
@@ -71,7 +70,10 @@ def train(ctx: typer.Context, **options: Any) -> None:
     calibration, config_file = options.pop("calibration"), options.pop("config")
     check_output(json_path, "--json")
     check_output(trace, "--trace")
-    cfg = _config(ctx, options, config_file, nproc)
+    try:
+        cfg = _config(ctx, options, config_file, nproc)
+    except KeyboardInterrupt:  # Ctrl-C while the launcher reads the model and the checkpoints
+        interrupted("train")
     results = _run(cfg, nproc, trace is not None)
     if results is None:
         return  # a non-zero rank under torchrun: rank 0 reports
@@ -84,7 +86,7 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
     """The file's options, then the flags given on the command line; refused (exit 2) if invalid."""
     from ringtree.processes import under_torchrun
     from ringtree.train import TrainConfig
-    from ringtree.train.config import check_world, load_file
+    from ringtree.train.config import check_world, device_type, load_file
     from ringtree.train.models import recipe
     from ringtree.train.trainer import preflight
 
@@ -99,11 +101,46 @@ def _config(ctx: typer.Context, flags: dict[str, Any], config_file: Path | None,
         dataset = recipe(model)[1].dataset  # a model's own data set (the gpt's sort task), unless named
         cfg = TrainConfig(**({"dataset": dataset} if dataset else {}) | from_file | given)
         check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc)
+        if not under_torchrun() and device_type(cfg) == "cpu":
+            _check_machine(nproc, os.cpu_count() or 1, _available_gb())
         _check_restarts(cfg)
         preflight(cfg)
     except (ValueError, TypeError) as e:
         raise typer.BadParameter(getattr(e, "cli", str(e))) from None  # the flags' words
     return cfg
+
+
+WORKER_GB = 0.4  # a CPU worker's memory before its model: torch and gloo (the digits' mlp peaks at 0.43)
+CORES_PER_WORKER_WARNED = 0.25  # below a quarter of a core each, a run is mostly waiting for a core
+
+
+def _check_machine(nproc: int, cores: int, available_gb: float | None) -> None:
+    """Refuse local workers that cannot fit in the memory left; warn, with the figures, of many
+    more workers than cores (every collective then waits for a descheduled rank)."""
+    if available_gb is not None and nproc * WORKER_GB > available_gb:
+        fits = max(1, int(available_gb / WORKER_GB))
+        raise ValueError(
+            f"--nproc {nproc} needs about {nproc * WORKER_GB:.1f} GB ({WORKER_GB} GB per worker) and this "
+            f"machine has {available_gb:.1f} GB available; use --nproc {fits} or fewer"
+        )
+    if cores / nproc < CORES_PER_WORKER_WARNED:
+        typer.echo(
+            f"warning: --nproc {nproc} workers share {cores} core(s), {cores / nproc:.2f} of a core each: "
+            f"steps will be slow and their times mostly waiting; --nproc {cores} or fewer measures the "
+            "algorithms",
+            err=True,
+        )
+
+
+def _available_gb() -> float | None:
+    """The memory the kernel says is available (MemAvailable), or None where it does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1e6  # kB
+    except OSError:
+        pass
+    return None
 
 
 def _check_restarts(cfg: TrainConfig) -> None:
@@ -133,6 +170,7 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
         return gathered
     from torch.distributed.elastic.multiprocessing import SignalException
 
+    from ringtree.processes import WorkerError
     from ringtree.train.interrupt import shared_step
 
     with shared_step() as board:
@@ -147,6 +185,11 @@ def _run(cfg: TrainConfig, nproc: int, tracing: bool) -> list[RankResult] | None
             )
         except (KeyboardInterrupt, SignalException) as e:  # Ctrl-C, or the launcher was killed
             _interrupted(board.read(), cfg, int(getattr(e, "sigval", signal.SIGINT)))
+        except WorkerError as e:  # a worker's refusal (exit 2) or its failure before training
+            if e.code == 2:
+                raise typer.BadParameter(e.message) from None
+            typer.echo(f"ringtree train: {e.message}", err=True)
+            raise typer.Exit(code=e.code) from None
     return results
 
 
@@ -210,16 +253,7 @@ def _register() -> None:
         *_config_parameters(),
     ]
     train.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    app.command(cls=_PlainHelp, context_settings={"max_content_width": 80})(train)
-
-
-class _PlainHelp(TyperCommand):
-    """click's plain help: every option name in full and its text wrapped below it, within 80 columns
-    (rich's table cuts long option names such as --checkpoint-activations)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rich_markup_mode = None
+    app.command()(train)  # its help as every command's (ringtree.cli.help): each option whole
 
 
 _register()

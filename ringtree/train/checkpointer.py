@@ -15,6 +15,7 @@ save (the summary's checkpoint_s). `inspect` and `consolidate` read a checkpoint
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -326,17 +327,43 @@ def _bucket_sizes(ddp: DistributedDataParallel) -> list[int]:
 
 def check_resumable(cfg: TrainConfig, model: nn.Module) -> None:
     """Raise, in the launching process, when --resume finds no usable checkpoint (CheckpointError)
-    or one whose tensors do not fit `model` (MismatchError, naming the first)."""
-    if not cfg.resume or cfg.checkpoint_dir is None:
+    or one whose tensors do not fit `model` (MismatchError, naming the first). Without --resume,
+    a folder that already holds checkpoints is refused: a fresh run would mix with that run's
+    and prune them (unless torch's elastic agent restarted this run, which continues its own)."""
+    if cfg.checkpoint_dir is None:
+        return
+    if not cfg.resume:
+        _check_fresh(Path(cfg.checkpoint_dir))
         return
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     sharded = sharded_checkpoint.newest(cfg.checkpoint_dir)
     if sharded is not None:
+        _check_model_name(str(sharded[0]), sharded[1].get("model_name"), cfg.model)
         sharded_checkpoint.check_model(sharded[0], shapes)
         return
     state = checkpoint.load(cfg.checkpoint_dir)
-    if state is not None and state.get("model_name") == cfg.model:
+    if state is not None:
+        _check_model_name(f"in {cfg.checkpoint_dir}", state.get("model_name"), cfg.model)
         check_keys(_Shape.of(shapes), state["model"], f"the checkpoint in {cfg.checkpoint_dir}")
+
+
+def _check_fresh(folder: Path) -> None:
+    """Refuse a fresh run into a folder that holds another run's checkpoints."""
+    held = sharded_checkpoint.folders(folder)[:1] + (checkpoint.steps(folder)[:1] if folder.is_dir() else [])
+    if held and not restart_count():
+        raise checkpoint.CheckpointError(
+            f"--checkpoint-dir {folder} already holds a run's checkpoints ({held[0].name}): pass "
+            "--resume to continue that run, or name a new folder for a fresh one"
+        )
+
+
+def _check_model_name(where: str, held: str | None, name: str) -> None:
+    """The sentence the workers would say (resume), said once by the launcher."""
+    if held is not None and held != name:
+        raise ValueError(
+            f"the checkpoint {where} holds model {held!r}, not {name!r}; "
+            f"pass --model {held} or another --checkpoint-dir"
+        )
 
 
 class _Shape:
@@ -374,13 +401,15 @@ def inspect(path: str | Path) -> dict[str, Any]:
     """Step, model, layout saved at, every file's size and SHA-256, and whether it verifies."""
     found = locate(path)
     if found.is_dir():
-        problem, record = None, {}
+        problem, record = None, _sharded_record(found)
         try:
-            record = sharded_checkpoint.verify(found)
+            sharded_checkpoint.verify(found)
         except checkpoint.CheckpointError as e:
-            problem = str(e)
-        recorded = record.get("files") or {f.name: sharded_checkpoint.digest(f) for f in found.iterdir()}
-        files = [{"name": n} | v for n, v in sorted(recorded.items())]
+            problem = str(e)  # the record (model, step, layout) still says what was saved
+        names = record.get("files") or {
+            f.name: None for f in found.iterdir() if f.name != sharded_checkpoint.RECORD
+        }
+        files = [{"name": n} | _on_disk(found / n) for n in sorted(names)]
         return _report(found, "sharded", record, files, problem)
     problem, state = None, {}
     try:
@@ -390,6 +419,20 @@ def inspect(path: str | Path) -> dict[str, Any]:
     size, digest = checkpoint.digest(found) if found.exists() else (0, "")
     files = [{"name": found.name, "bytes": size, "sha256": digest}]
     return _report(found, "dense", state, files, problem)
+
+
+def _sharded_record(folder: Path) -> dict[str, Any]:
+    """The folder's record as saved, whatever its shards hold now ({} when it cannot be read)."""
+    try:
+        record: dict[str, Any] = json.loads((folder / sharded_checkpoint.RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _on_disk(file: Path) -> dict[str, Any]:
+    """A file's size and SHA-256 as it is now (a damaged shard shows its own; a missing one 0 bytes)."""
+    return sharded_checkpoint.digest(file) if file.is_file() else {"bytes": 0, "sha256": "missing"}
 
 
 def _report(

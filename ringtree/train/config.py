@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ringtree import dtypes
 from ringtree.schedules.pipeline import SCHEDULES, SYNCHRONOUS, ZERO_BUBBLE, check_zero_bubble
 from ringtree.schedules.ring_attention import COMMS as CP_COMMS
 
@@ -157,6 +158,9 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
     return field(default=default, metadata=meta)
 
 
+DTYPE_FIELDS = ("amp", "compression")  # options that name a dtype, written either way
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What `ringtree train` trains and how; the defaults reach >= 95% digits accuracy in about a minute."""
@@ -291,6 +295,9 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        for name in DTYPE_FIELDS:  # one spelling per dtype: --amp bfloat16 is --amp bf16
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, dtypes.short(getattr(self, name)))
         validate(self)
 
     def get(self, name: str) -> Any:

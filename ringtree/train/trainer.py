@@ -37,7 +37,13 @@ from ringtree.parallel import DistributedDataParallel, MasterDataParallel, Mesh,
 from ringtree.parallel.dp_threads import ThreadedDataParallel
 from ringtree.parallel.moe import CLOCK as A2A_CLOCK
 from ringtree.parallel.pipeline.runtime import MicroBatch, StageRun
-from ringtree.processes import default_backend, init_from_env, restart_count, under_torchrun
+from ringtree.processes import (
+    default_backend,
+    init_from_env,
+    restart_count,
+    training_started,
+    under_torchrun,
+)
 from ringtree.schedules.pipeline import MIN_MICRO_BATCHES_PER_STAGE, SYNCHRONOUS, ZERO_BUBBLE, build
 from ringtree.train import interrupt, low_comm, memory
 from ringtree.train.checkpointer import Checkpointer, check_resumable
@@ -134,11 +140,18 @@ class Trainer:
         )
 
     def fit(self) -> dict[str, Any]:
-        """Train and return the summary (the dict `ringtree train --json` writes)."""
+        """Train and return the summary (the dict `ringtree train --json` writes).
+
+        A process group that is already there (one you made, or torchrun's that you joined) is
+        trained in and left as it was: still initialized, for your own collectives after fit();
+        the mesh's sub-groups (TP, PP, DP, CP) made in it stay too. Without one, fit() makes it
+        (torchrun's env:// world under torchrun, else a world of this one process) and destroys
+        it before returning, so that the next fit() or init_process_group starts clean.
+        """
         return self.run().summary
 
     def run(self) -> RankResult:
-        """Train on the current process group (joining torchrun's, or a world of one, if none)."""
+        """Train on the current process group, or on one it makes for the run (see fit())."""
         owned = _join_world(self.cfg)
         try:
             return _Run(self).train()
@@ -285,6 +298,7 @@ class _Run:
         description += f" x cp {cfg.cp}" if cfg.cp > 1 else ""
         first_epoch = 0 if per_epoch is None or not per_epoch else self.step // per_epoch
         board = interrupt.publisher() if self.rank == 0 else None  # where Ctrl-C finds the step
+        training_started()  # a failure from here on is torch's report, not a one-line refusal
         if board is not None:
             board.write(self.step)  # the step resumed from
         with ProgressBar(self.rank == 0 and cfg.progress, total or 0, description) as bar:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from ringtree import dtypes
 from ringtree.cli.app import app
 from ringtree.cli.output import check_output
 from ringtree.cli.plan import data_parallel as dp
@@ -110,6 +111,7 @@ def plan(
             model = resolve(model)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+    dtype, grad_dtype = dtypes.short(dtype), None if grad_dtype is None else dtypes.short(grad_dtype)
     links = ClusterOptions(nodes, gpus_per_node, intra, inter, nics_per_node, cluster_name, calibration)
     shape_given = any(
         x is not None

@@ -130,7 +130,12 @@ GLOBAL_BATCH = typer.Option(
 MICRO_BATCH = typer.Option(
     None, help="Transformer model: sequences per micro-batch (1).", rich_help_panel=LAYOUT
 )
-DTYPE = typer.Option("bf16", help="Transformer model: fp16 or bf16.", rich_help_panel=LAYOUT)
+DTYPE = typer.Option(
+    "bf16",
+    help="Transformer model: the matmuls' dtype, bf16, fp16 or fp8 (see --fp8-recipe); torch's names "
+    "(bfloat16, float16) are accepted too.",
+    rich_help_panel=LAYOUT,
+)
 GRAD_DTYPE = typer.Option(
     None,
     help="Gradient dtype, accumulated and reduced over DP: fp32, bf16 or fp16. Default fp32 (a "
@@ -154,7 +159,11 @@ RECOMPUTE_LAYERS = typer.Option(
     rich_help_panel=LAYOUT,
 )
 SEARCH = typer.Option(
-    False, help="Rank every TP x PP x DP x micro-batch that fits in memory.", rich_help_panel=LAYOUT
+    False,
+    help="Rank the layouts of the GPUs: every TP (within a node), PP, DP and micro-batch that fits in "
+    "memory, by step time, with why each loses to the best; the model, --dtype and the cluster "
+    "stay as given.",
+    rich_help_panel=LAYOUT,
 )
 
 
