@@ -30,6 +30,11 @@ failed (with the error) so that one broken path does not hide the others:
   (torch._grouped_mm, bf16) against the per-expert loop;
 - checkpoint: peak memory of a deeper vit's forward + backward with and without activation
   checkpointing (torch.utils.checkpoint, through the vit's checkpoint_segments);
+- diloco: ringtree.parallel.DiLoCo (what `ringtree train --sync diloco` runs): with H = 1, inner
+  SGD and outer lr 1 against torch's DDP (the pseudo-gradients averaged by NCCL all-reduces of
+  GPU copies of the pinned CPU buffers, on a side stream); Streaming DiLoCo (2 fragments, the
+  all-reduce overlapping the next inner step, int8 on the wire): the global copy in pinned host
+  memory, equal on every rank after each synchronisation;
 - powersgd: ringtree's DDP with PowerSGD (rank 2, compressing from the third step; native: NCCL,
   ring: ringtree's schedule) and ringtree.powersgd_hook in torch's DDP, against torch's DDP with
   torch's powerSGD_hook: gradients of every step, ms per step;
@@ -586,6 +591,68 @@ def check_trace(device: torch.device) -> dict[str, Any]:
     }
 
 
+def check_diloco(device: torch.device) -> dict[str, Any]:
+    """DiLoCo H = 1 against torch's DDP; Streaming DiLoCo's global copy pinned and equal on every rank."""
+    from ringtree.parallel import DiLoCo
+
+    rank = dist.get_rank()
+    out: dict[str, Any] = {}
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 8))
+
+    g = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(16, 64, generator=g).to(device), torch.randn(16, 8, generator=g).to(device))
+               for _ in range(8)]  # fmt: skip
+
+    def train(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        for x, y in batches:
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+
+    model, ref = net().to(device), net().to(device)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = time.perf_counter()
+    with DiLoCo(model, inner, torch.optim.SGD(model.parameters(), lr=1.0), 1, timeout_s=TIMEOUT_S):
+        train(model, inner)
+    seconds = time.perf_counter() - start
+    ddp = nn.parallel.DistributedDataParallel(
+        ref, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05))
+    error = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters(), strict=True))
+    out["h1_vs_torch_ddp"] = {
+        "max_abs_param_error": error,
+        "ms_per_step": seconds / 8 * 1e3,
+        "ok": error < 1e-5,
+    }
+    model = net().to(device)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    streaming = DiLoCo(
+        model, inner, outer, 4, fragments=2, overlap_steps=1, outer_dtype="int8", timeout_s=TIMEOUT_S
+    )
+    with streaming:
+        train(model, inner)
+    copies = [g for b in streaming.buckets for g in b.globals]
+    flat = torch.cat([c.reshape(-1) for c in copies]).to(device)
+    every = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, flat)
+    equal = all(torch.equal(e, every[0]) for e in every)
+    pinned = all(c.is_pinned() for c in copies) if device.type == "cuda" else None
+    out["streaming_int8"] = {
+        "outer_syncs": streaming.outer_syncs,
+        "global_copy_pinned": pinned,
+        "replicas_equal": equal,
+        "exposed_s": streaming.exposed_s,
+        "comm_s": streaming.comm_s,
+        "ok": equal and streaming.outer_syncs == 4 and pinned is not False,
+    }
+    return out
+
+
 def _nccl_kernel_names(path: str) -> set[str]:
     import gzip
 
@@ -603,6 +670,7 @@ CHECKS: dict[str, Callable[[torch.device], dict[str, Any]]] = {
     "checkpoint": check_checkpoint,
     "zero": check_zero,
     "moe": check_moe,
+    "diloco": check_diloco,
     "powersgd": check_powersgd,
     "trace": check_trace,
 }

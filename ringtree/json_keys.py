@@ -101,6 +101,27 @@ OUTPUTS: dict[str, Output] = {
             "steps[].stages[].version": "the weight version used (null when idle)",
         },
     ),
+    "show-diloco": Output(
+        "ringtree show diloco --json FILE",
+        "one object: the replicas' inner steps and the fragments' outer synchronisations",
+        {
+            "replicas": "replica groups (R)",
+            "inner_steps": "inner steps between two synchronisations of a fragment (H)",
+            "fragments": "fragments synchronised in turn (F)",
+            "overlap_steps": "inner steps a fragment's all-reduce runs behind (T)",
+            "steps_between_syncs": "H/F: inner steps between two fragment synchronisations",
+            "bytes_per_sync": "the share of the model's pseudo-gradients one synchronisation moves (1/F)",
+            "syncs": "one entry per synchronisation, in order",
+            "syncs[].fragment": "the fragment",
+            "syncs[].sent_after": "the inner step after which its pseudo-gradient is sent",
+            "syncs[].applied_after": "the inner step after which its outer step is applied",
+            "steps": "one entry per inner step",
+            "steps[].step": "the inner step (from 1)",
+            "steps[].sends": "fragments whose all-reduce starts after it",
+            "steps[].in_flight": "fragments whose all-reduce runs during it",
+            "steps[].applies": "fragments whose outer step is applied after it",
+        },
+    ),
     "show-a2a": Output(
         "ringtree show pairwise|bruck|linear|hierarchical-a2a --json FILE",
         "one object: the all-to-all schedule and what each rank sends, receives and holds",
@@ -342,6 +363,16 @@ OUTPUTS: dict[str, Output] = {
                 "[checkpoints](../checkpoints.md)); null without `--checkpoint-dir`"
             ),
             "distilled_from": "the teacher's checkpoint; else null",
+            "sync": "how the replicas synchronised: ddp, local-sgd, diloco or streaming-diloco",
+            "replicas": "replica groups (DDP inside each; 1 under `--sync ddp`: the whole world)",
+            "inner_steps": "optimizer steps between two synchronisations of a fragment (1 under ddp)",
+            "outer_syncs": "outer synchronisations applied (fragments, under streaming-diloco); else null",
+            "inter_node_bytes_per_step": (
+                "bytes one rank sent to ranks on other nodes, averaged per step, the largest rank's: DDP's "
+                "bucket schedules (`native` counted as the ring) plus the outer averages; null with `--zero` "
+                "or a low-rank `--compression`"
+            ),
+            "outer_comm_exposed_s": "seconds per step the training waited for the outer averages; else null",
             "bubble_fraction": "under `--pp`: measured idle fraction of the pipeline",
             "theoretical_bubble_fraction": "under `--pp`: the schedule's (p-1)/(m+p-1) or its own",
             "peak_activation_bytes_per_stage": "under `--pp`: activations held at the peak, per stage",

@@ -51,6 +51,7 @@ def test_the_checks_pass_on_cpu_with_two_ranks(tmp_path: Path) -> None:
         assert r["zero_bubble"]["ok"] and "zb_v_bubble_fraction" in r["zero_bubble"], r["zero_bubble"]
         assert all(v["ok"] for k, v in r["zero"].items() if k != "seconds"), r["zero"]
         assert all(v["ok"] for k, v in r["moe"].items() if k != "seconds"), r["moe"]
+        assert all(v["ok"] for k, v in r["diloco"].items() if k != "seconds"), r["diloco"]
         assert all(v["ok"] for k, v in r["powersgd"].items() if k != "seconds"), r["powersgd"]
         assert "skipped" in r["amp"] and "skipped" in r["h2d"]  # CUDA-only paths say why they did not run
         assert r["trace"]["ok"], r["trace"]  # profiled, then read back by ringtree trace

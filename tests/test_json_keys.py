@@ -48,8 +48,11 @@ def test_the_train_summary_has_the_documented_keys(layout: dict[str, Any]) -> No
     assert set(table) == {*METRIC_KEYS, *PIPELINE_KEYS, *THREAD_KEYS, *MOE_KEYS, "recipe"}
     options = {f.name for f in fields(TrainConfig)}
     # a measured key stands for its option only where they are one quantity (the mesh's tp, pp and
-    # cp, the segments the stages really checkpointed, the MoE layers' experts and top-k)
-    assert set(table) & options == {"tp", "pp", "cp", "ep", "experts", "top_k", "checkpoint_segments"}
+    # cp, the segments the stages really checkpointed, the MoE layers' experts and top-k, how the
+    # replicas synchronised: the method, the replica groups in effect and their inner steps)
+    one = {"tp", "pp", "cp", "ep", "experts", "top_k", "checkpoint_segments"}
+    one |= {"sync", "replicas", "inner_steps"}
+    assert set(table) & options == one
     if layout.get("pp"):
         return  # a pipeline needs two ranks: its keys are checked above, against summary.py
     data = TensorDataset(__import__("torch").randn(64, 4), __import__("torch").randint(0, 2, (64,)))

@@ -23,8 +23,8 @@ def show(
         ...,
         help="A collective algorithm (ring, double_tree, ...), an all-to-all (pairwise, bruck, linear, "
         "hierarchical-a2a), a pipeline (gpipe, 1f1b, pipedream, zb-h1, zb-v, ...), a ZeRO step "
-        "(zero1, zero2, zero3) "
-        "or ring-attention (context parallelism).",
+        "(zero1, zero2, zero3), ring-attention (context parallelism) or diloco (local training, "
+        "outer syncs).",
     ),
     collective: str | None = typer.Option(
         None,
@@ -46,6 +46,10 @@ def show(
     micro_batches: int | None = typer.Option(None, help="Micro-batches (pipelines; default 8)."),
     virtual_stages: int | None = typer.Option(None, help="Model chunks per stage (interleaved; default 2)."),
     experts: int | None = typer.Option(None, help="Experts of an MoE layer (moe-dispatch; default 8)."),
+    replicas: int | None = typer.Option(None, help="Replica groups (diloco; default 2)."),
+    fragments: int | None = typer.Option(None, help="Fragments synchronised in turn (diloco; default 1)."),
+    overlap_steps: int | None = typer.Option(None, help="Inner steps an all-reduce overlaps (diloco; 0)."),
+    inner_steps: int | None = typer.Option(None, help="Inner steps H between syncs (diloco; 4 F)."),
     json_path: Path | None = typer.Option(None, "--json", help='Write {"steps": [...]} here.'),
     png: Path | None = typer.Option(
         None, help="Write a picture here (trees, holdings per step, or the timeline)."
@@ -67,6 +71,19 @@ def show(
         _check_outputs(png, animate)
         if algorithm not in MOE_SHOWS and experts is not None:
             raise ValueError(f"--experts does not apply to {algorithm}; leave it out")
+        outer = {"--replicas": replicas, "--fragments": fragments, "--overlap-steps": overlap_steps,
+                 "--inner-steps": inner_steps}  # fmt: skip
+        given = [name for name, value in outer.items() if value is not None]
+        if algorithm != "diloco" and given:
+            raise ValueError(f"{given[0]} applies to `ringtree show diloco`, not {algorithm}; leave it out")
+        if algorithm == "diloco":
+            from ringtree.cli.show_diloco import show_diloco
+
+            _refuse("diloco", collective=collective, ranks=ranks, nodes=nodes, bytes=nbytes, root=root,
+                    link=link, intra=intra, stages=stages, micro_batches=micro_batches,
+                    virtual_stages=virtual_stages, animate=animate)  # fmt: skip
+            show_diloco(replicas, fragments, overlap_steps, inner_steps, json_path, png)
+            return
         if algorithm == ring_attention.NAME:
             _refuse("ring attention", collective=collective, nodes=nodes, bytes=nbytes, root=root, link=link,
                     intra=intra, stages=stages, micro_batches=micro_batches, virtual_stages=virtual_stages,

@@ -30,6 +30,7 @@ class MeshShape:
     tp: int
     pp: int = 1
     cp: int = 1
+    replicas: int = 1  # DiLoCo's replica groups: dp split in contiguous blocks of whole pipelines
 
     def __post_init__(self) -> None:
         for name, degree in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("cp", self.cp)):
@@ -38,7 +39,7 @@ class MeshShape:
 
     @property
     def placement(self) -> Placement:
-        return Placement(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
+        return Placement(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp, replicas=self.replicas)
 
     @property
     def world_size(self) -> int:
@@ -114,13 +115,14 @@ class Mesh:
         pp: int = 1,
         *,
         cp: int = 1,
+        replicas: int = 1,
         topology: Topology | None = None,
         allow_cross_node_tp: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("Mesh needs a process group: call torch.distributed.init_process_group first")
         world = dist.get_world_size()
-        self.shape = MeshShape(_infer_dp(world, tp * cp, pp) if dp is None else dp, tp, pp, cp)
+        self.shape = MeshShape(_infer_dp(world, tp * cp, pp) if dp is None else dp, tp, pp, cp, replicas)
         self.topology = topology or Topology(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         self.shape.check_topology(self.topology, allow_cross_node_tp)
         self.rank = dist.get_rank()

@@ -15,7 +15,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ DEVICES = ("auto", "cpu", "cuda")
 COMPRESSIONS = ("fp16", "bf16", "powersgd")
 BALANCES = ("params", "time")
 MASTER_ALGORITHMS = ("native", "ring", "tree", "ps")  # what --mode dp's reduce and broadcast run
+SYNCS = ("ddp", "local-sgd", "diloco", "streaming-diloco")  # how the replicas synchronise (--sync)
+OUTER_DTYPES = ("fp32", "bf16", "fp8", "int8", "int4")  # the outer all-reduce's wire format
 
 RECIPE_FIELDS = ("lr", "epochs", "batch_size")  # None: from the model's recipe (train.models.REGISTRY)
 
@@ -64,7 +66,25 @@ DEFAULTS: dict[str, Any] = {
     "a2a_algorithm": "auto",
     "profile_steps": "2:5",  # past the first steps' warm-up (allocations, the first sync's checks)
     "moe_shared_expert_overlap": False,  # off as Megatron-Core's; no faster on CPU (docs/moe-overlap.md)
+    # --sync local-sgd / diloco / streaming-diloco (ringtree/train/low_comm.py)
+    "inner_steps": 100,  # INTELLECT-1's H; DiLoCo's paper found 50-500 about equally good
+    "outer_lr": 0.7,  # DiLoCo's outer Nesterov SGD (lr 0.7, momentum 0.9), "very robust"
+    "outer_momentum": 0.9,
+    "fragments": 1,
+    "overlap_steps": 0,
+    "merge_alpha": 0.0,  # torchft's default: a fragment continues from the global value
+    "outer_dtype": "fp32",
 }
+SYNC_OPTIONS = (
+    "replicas",
+    "inner_steps",
+    "outer_lr",
+    "outer_momentum",
+    "fragments",
+    "overlap_steps",
+    "merge_alpha",
+    "outer_dtype",
+)
 MOE_OPTIONS = (
     "experts",
     "top_k",
@@ -246,6 +266,32 @@ class TrainConfig:
         None,
         "Compute the shared experts while the token all-to-alls travel (needs --ep and shared "
         "experts) [off].",
+    )
+    # -- synchronising less: local SGD, DiLoCo, Streaming DiLoCo (ringtree/train/low_comm.py) --
+    sync: str = _opt(
+        "ddp",
+        "ddp (all-reduce every step), local-sgd (average every --inner-steps), diloco (outer Nesterov "
+        "step every --inner-steps) or streaming-diloco (one --fragments fragment at a time).",
+    )
+    replicas: int | None = _opt(
+        None, "Replica groups, DDP inside each, synchronised by --sync (not ddp) [one per node or DP rank]."
+    )
+    inner_steps: int | None = _opt(None, "Optimizer steps between synchronisations, H (needs --sync) [100].")
+    outer_lr: float | None = _opt(None, "Outer SGD learning rate (--sync diloco, streaming-diloco) [0.7].")
+    outer_momentum: float | None = _opt(
+        None, "Outer SGD Nesterov momentum; 0: plain SGD (--sync diloco, streaming-diloco) [0.9]."
+    )
+    fragments: int | None = _opt(
+        None, "Layer fragments synchronised in turn, one every H/F steps (--sync streaming-diloco) [1]."
+    )
+    overlap_steps: int | None = _opt(
+        None, "Inner steps a fragment's all-reduce overlaps, T < H/F (--sync streaming-diloco) [0]."
+    )
+    merge_alpha: float | None = _opt(
+        None, "Weight of the local values when a fragment merges, in [0, 1] (--sync streaming-diloco) [0]."
+    )
+    outer_dtype: str | None = _opt(
+        None, "Pseudo-gradients on the wire: fp32, bf16, fp8, int8, int4 (--sync diloco, streaming) [fp32]."
     )
 
     def __post_init__(self) -> None:
@@ -498,6 +544,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
         )
     _check_tensor_parallel(cfg)
     _check_moe(cfg)
+    _check_sync(cfg)
     if cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS:
         _check_pipedream(cfg)
     if cfg.pp > 1 and cfg.get("schedule") in ZERO_BUBBLE:
@@ -585,6 +632,54 @@ def _check_zero(cfg: TrainConfig) -> None:
             f"--schedule interleaved synchronizes one DDP per chunk, which --zero {cfg.zero} does not "
             "shard yet; use --schedule gpipe or 1f1b with --zero, or --zero 0 with interleaved"
         )
+
+
+def _check_sync(cfg: TrainConfig) -> None:
+    """--sync and its options: each needs the method it configures; values in range."""
+    _choice("--sync", cfg.sync, SYNCS)
+    given = [name for name in SYNC_OPTIONS if getattr(cfg, name) is not None]
+    outer_only = {"outer_lr", "outer_momentum", "outer_dtype"}
+    streaming_only = {"fragments", "overlap_steps", "merge_alpha"}
+    for name in given:
+        if cfg.sync == "ddp":
+            raise ValueError(f"{flag(name)} configures --sync local-sgd, diloco or streaming-diloco; add one")
+        if name in outer_only and cfg.sync == "local-sgd":
+            raise ValueError(f"{flag(name)} configures the outer step of --sync diloco; local-sgd averages")
+        if name in streaming_only and cfg.sync != "streaming-diloco":
+            raise ValueError(f"{flag(name)} configures --sync streaming-diloco; use it or drop {flag(name)}")
+    if cfg.outer_dtype is not None:
+        _choice("--outer-dtype", cfg.outer_dtype, OUTER_DTYPES)
+    for name in ("replicas", "inner_steps", "fragments"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{flag(name)} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.outer_lr is not None and cfg.outer_lr <= 0:
+        raise ValueError(f"--outer-lr must be positive, got {cfg.outer_lr}")
+    if cfg.outer_momentum is not None and not 0 <= cfg.outer_momentum < 1:
+        raise ValueError(f"--outer-momentum must be in [0, 1), got {cfg.outer_momentum}")
+    if cfg.merge_alpha is not None and not 0 <= cfg.merge_alpha <= 1:
+        raise ValueError(f"--merge-alpha must be in [0, 1], got {cfg.merge_alpha}")
+    h, f, t = cfg.get("inner_steps"), cfg.get("fragments"), cfg.get("overlap_steps")
+    if h % f:
+        raise ValueError(
+            f"--fragments {f} must divide --inner-steps {h}, so that each fragment syncs every H"
+        )
+    if t < 0 or t >= h // f:
+        raise ValueError(
+            f"--overlap-steps {t} must be in [0, H/F) = [0, {h // f}); lower it or raise --inner-steps"
+        )
+    if cfg.sync == "ddp":
+        return
+    refused = [
+        (cfg.mode != "ddp", f"--mode {cfg.mode}"),
+        (bool(cfg.zero), f"--zero {cfg.zero}"),
+        (cfg.ep > 1, f"--ep {cfg.ep}"),
+        (cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS, f"--schedule {cfg.schedule}"),
+    ]
+    for bad, words in refused:
+        if bad:
+            raise ValueError(
+                f"--sync {cfg.sync} runs over DDP (--zero 0) replicas; {words} is not supported with it"
+            )
 
 
 def _check_thread_mode(cfg: TrainConfig) -> None:
@@ -676,6 +771,13 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
             f"--tp {cfg.tp} x --pp {cfg.pp} = {cfg.tp * cfg.pp} ranks per replica does not divide the "
             f"{world_size} ranks; choose --nproc a multiple of {cfg.tp * cfg.pp}"
         )
+    if cfg.sync != "ddp":
+        from ringtree.parallel.mesh import MeshShape
+        from ringtree.parallel.outer_groups import layout
+
+        r = replicas_of(cfg, world_size)
+        shape = MeshShape(world_size // (cfg.tp * cfg.pp * cfg.cp), cfg.tp, cfg.pp, cfg.cp)
+        layout(replace(shape, replicas=r) if shape.dp % r == 0 else shape, r)
     data = world_size // (cfg.tp * cfg.pp)  # the ranks EP borrows: DP x CP
     if data % cfg.ep:
         raise ValueError(
@@ -683,6 +785,18 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
             f"(--tp {cfg.tp} x --pp {cfg.pp})); choose --ep among "
             f"{[d for d in range(1, data + 1) if data % d == 0]}"
         )
+
+
+def replicas_of(cfg: TrainConfig, world_size: int) -> int:
+    """--replicas, or one replica per node (torchrun's LOCAL_WORLD_SIZE); on one node, one per
+    data-parallel rank (a world of one node has no slow link to spare, so every replica is a rank)."""
+    if cfg.replicas is not None:
+        return cfg.replicas
+    import os
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    nodes = world_size // local if local and world_size % local == 0 else 1
+    return nodes if nodes > 1 else max(1, world_size // (cfg.tp * cfg.pp * cfg.cp))
 
 
 def device_type(cfg: TrainConfig) -> str:
@@ -736,6 +850,13 @@ def effective(cfg: TrainConfig) -> dict[str, Any]:
         dropped.add("a2a_algorithm")
     if cfg.ep == 1 or (cfg.model == "moe" and not cfg.get("shared_experts")):
         dropped.add("moe_shared_expert_overlap")  # nothing beside the all-to-alls to overlap
+    if cfg.sync == "ddp":
+        dropped |= set(SYNC_OPTIONS)
+    elif cfg.sync == "local-sgd":
+        dropped |= {"outer_lr", "outer_momentum", "outer_dtype", "fragments", "overlap_steps", "merge_alpha"}
+    elif cfg.sync == "diloco":
+        dropped |= {"fragments", "overlap_steps", "merge_alpha"}
+    dropped.add("replicas")  # the summary's `replicas` is the number in effect
     return {k: v for k, v in out.items() if k not in dropped}
 
 

@@ -44,7 +44,7 @@ from ringtree.parallel.expert import ExpertParallel, expert_parameters, moe_laye
 from ringtree.parallel.pipeline.interleaved import InterleavedStage
 from ringtree.parallel.pipeline.runtime import PipelineStage
 from ringtree.schedules.pipeline import V_SHAPED, check_layers
-from ringtree.train import tensor_parallel
+from ringtree.train import low_comm, tensor_parallel
 from ringtree.train.config import THREAD_MODES, TrainConfig, device_type
 from ringtree.train.loss import TrainingLoss
 from ringtree.train.pipelining import ChunkDDPs, ChunkPair, Chunks, Stage, checkpointed, cut, syncs_at_step
@@ -348,6 +348,7 @@ def thread_devices(cfg: TrainConfig) -> list[torch.device]:
 def check(net: nn.Module, cfg: TrainConfig) -> None:
     """ValueError, before any training, for a model the asked parallelism cannot cut or shard."""
     tensor_parallel.check(net, cfg)
+    low_comm.check(net, cfg)  # --fragments against the layers (each stage's under --pp)
     if cfg.cp > 1:
         check_context(net, cfg)
     if cfg.ep > 1:

@@ -37,6 +37,13 @@ METRIC_KEYS = (
     "checkpoint_s",  # median seconds the loop waited per checkpoint save (slowest rank); null: none
     "activation_memory_mb",  # the most activation bytes a rank saved for backward at once (MiB)
     "distilled_from",
+    # how the replicas synchronised (ringtree/train/low_comm.py), for every --sync
+    "sync",
+    "replicas",
+    "inner_steps",
+    "outer_syncs",
+    "inter_node_bytes_per_step",
+    "outer_comm_exposed_s",
 )
 THREAD_KEYS = (  # --mode dp-threads: the last step's work per device, and max / mean of it
     "devices",

@@ -8,7 +8,9 @@ or ShardedDataParallel (--zero) over its DP group, so every DP option (algorithm
 overlap, compression, accumulation, checkpoints) works in every layout. The trainer runs the loop
 and owns checkpoints, metrics and the summary. Without --pp a step is the seeds' flow: forward,
 backward (the last micro-batch synchronizing), AdamW; with --pp the pipeline runtime runs the
-schedule and the step. The master-rank `--mode dp` replaces DDP when asked.
+schedule and the step. The master-rank `--mode dp` replaces DDP when asked. Under `--sync
+local-sgd|diloco|streaming-diloco` the DDP runs inside replica groups and ringtree.train.low_comm
+hooks the optimizer's step with the outer synchronisation across them.
 
 Losses and metrics stay on the device during the loop; the host reads them once per log
 interval (the progress bar) and once at the end (the summary).
@@ -43,7 +45,7 @@ from ringtree.processes import (
     under_torchrun,
 )
 from ringtree.schedules.pipeline import MIN_MICRO_BATCHES_PER_STAGE, SYNCHRONOUS, ZERO_BUBBLE, build
-from ringtree.train import interrupt, memory
+from ringtree.train import interrupt, low_comm, memory
 from ringtree.train.checkpointer import Checkpointer, check_resumable
 from ringtree.train.config import TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
@@ -212,7 +214,9 @@ class _Run:
         check_world(cfg, dist.get_world_size())
         self.rank = dist.get_rank()
         self.device = _device(cfg)
-        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
+        # --sync: replica groups outermost (whole pipelines each), DDP inside each
+        self.mesh = Mesh(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, replicas=low_comm.replicas(cfg))
+        self.replicas = low_comm.groups(cfg, self.mesh)
         self.net = trainer.net
         self.parameters = sum(p.numel() for p in self.net.parameters())  # before TP keeps a shard
         dense = [(n, tuple(p.shape)) for n, p in self.net.named_parameters()]  # what checkpoints key
@@ -235,6 +239,8 @@ class _Run:
         )
         if self.parallel.experts is not None:  # expert gradients and router biases before each step
             self.parallel.experts.register(self.optimizer)
+        stage = self.net if self.pipe is None else self.pipe.stages[self.mesh.pp_rank]
+        self.outer = low_comm.attach(cfg, stage, self.optimizer, self.replicas)  # hooks optimizer.step()
         self.a2a_s: list[tuple[float, float]] = []  # per step: all-to-all seconds, and those waited for
         self.checkpointer = Checkpointer(
             cfg, self.net, self.optimizer, self.parallel, self.mesh, self.amp, trainer.names["model"], dense
@@ -282,6 +288,8 @@ class _Run:
         cfg = self.cfg
         resumed_from = self.checkpointer.resume()
         self.step = resumed_from or 0
+        if resumed_from is not None and self.outer is not None:
+            low_comm.load(cfg.checkpoint_dir or "", resumed_from, self.net, self.optimizer, self.outer)
         loader, epochs = self._loader()
         sized = not isinstance(self.t.train_set, IterableDataset)
         per_epoch = self._steps_per_epoch(loader) if sized else None
@@ -314,12 +322,18 @@ class _Run:
                         bar.update(self.step, self._read_last(), self.meter.rate())
                     every = cfg.checkpoint_every
                     if every and self.step // every > before // every:
-                        self.checkpointer.save(self.step)
+                        self._save(self.step)
                 if not cfg.checkpoint_every:
-                    self.checkpointer.save(self.step)
+                    self._save(self.step)
         self.checkpointer.finish()
         self.profiler.close()  # a run that ended before --profile-steps' last step
         return RankResult(self.rank, self._summary(resumed_from), self.recorder.events)
+
+    def _save(self, step: int) -> None:
+        """A checkpoint; under --sync also each rank's replica (they differ between synchronisations)."""
+        if self.outer is not None and self.cfg.checkpoint_dir is not None:
+            low_comm.save(self.cfg.checkpoint_dir, step, self.net, self.optimizer, self.outer)
+        self.checkpointer.save(step)
 
     def _steps_per_epoch(self, loader: Iterable[Batch]) -> int:
         batches = len(loader)  # type: ignore[arg-type]
@@ -481,7 +495,8 @@ class _Run:
             else:
                 self.amp.skipped_steps += 1
             return
-        self.amp.step(self.optimizer, agree)
+        if not self.amp.step(self.optimizer, agree) and self.outer is not None:
+            self.outer.skip_step()  # skipped by every rank alike: counted, so the schedules stay equal
 
     def _comm_of(self, model: DataParallel | MasterDataParallel) -> tuple[float, float]:
         """The last step's communication time and the part of it exposed; its spans go to the trace."""
@@ -525,6 +540,9 @@ class _Run:
             self.pipe.ddp.close()  # ZeRO: the whole trained parameters back in the model
         if isinstance(self.model, DistributedDataParallel | ShardedDataParallel):
             self.model.close()
+        if self.outer is not None:  # every replica ends with the same model: one last synchronisation
+            self.outer.synchronize()
+            self.outer.close()
         if self.pipe is not None:
             gather_stages(self.pipe.stages, mesh.pp_rank, mesh.pp_group)
         accuracy, test_loss = evaluate(self.net, self.t.test_set, self.t.loss_fn, self.device)
@@ -558,6 +576,8 @@ class _Run:
             "distilled_from": cfg.teacher,
             **memory.fullest_rank_mb(self.model_state_bytes, self._activation_bytes(), self.device),
         }
+        ddp = self.model if self.pipe is None else self.pipe.ddp
+        metrics |= low_comm.metrics(cfg, self.outer, self.replicas, ddp, self.step, self.device)
         if self.pipe is not None:
             metrics |= self._pipeline_metrics(self.pipe_record)
         if self.parallel.experts is not None:
