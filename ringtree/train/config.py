@@ -158,7 +158,7 @@ def _opt(default: Any, help: str, flag: str | None = None) -> Any:
     return field(default=default, metadata=meta)
 
 
-DTYPE_FIELDS = ("amp", "compression")  # options that name a dtype, written either way
+DTYPE_FIELDS = ("amp", "compression", "outer_dtype")  # options that name a dtype, written either way
 
 
 @dataclass(frozen=True)
