@@ -1,0 +1,262 @@
+"""Training across a slow network, measured: DDP against the methods that synchronise less
+(docs/results/slow-network.md).
+
+Three emulated nodes, one rank each (`ringtree emulate --nodes 3 --nproc-per-node 1`), their links
+shaped at each `--rates` value. Every method trains the same model on the same samples (same
+epochs, batch and seed): DDP, DDP with bf16 buckets, PowerSGD (rank 4), local SGD, DiLoCo (H = 16
+and 64) and Streaming DiLoCo (2 fragments, as the mlp has 3 layers; one overlapped step, fp8 on the
+wire), and `compute`, the
+same three ranks with no communication at all (local SGD that never averages), whose samples/s is
+the denominator of every compute utilisation. For each run: samples/s, the bytes each node's
+interface really sent during the job (the kernel's counters, from `ringtree emulate --json`'s
+`link_bytes`, not ringtree's own bookkeeping) per optimizer step, held-out loss and accuracy, and
+the planner's samples/s for the same method (`ringtree plan --params ... --compute-time T --sync
+...`, T the compute run's step time), set beside the measurement. Rounds interleave the methods so
+that load drift hits every row alike; each row is the median over rounds. Needs root or
+CAP_NET_ADMIN. Run it alone, under the shared lock:
+
+    flock /tmp/ringtree-bench.lock python benchmarks/slow_network.py --json docs/data/slow-network.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = 3
+
+# method -> the train flags that select it (every run adds the same model, data and budget)
+METHODS: dict[str, list[str]] = {
+    "compute": ["--sync", "local-sgd", "--inner-steps", "1000000"],  # never averages: no communication
+    "ddp": [],
+    "ddp-bf16": ["--compression", "bf16"],
+    "powersgd-r4": ["--compression", "powersgd", "--powersgd-rank", "4", "--powersgd-start-iter", "10"],
+    "local-sgd-h16": ["--sync", "local-sgd", "--inner-steps", "16"],
+    "diloco-h16": ["--sync", "diloco", "--inner-steps", "16"],
+    "diloco-h64": ["--sync", "diloco", "--inner-steps", "64"],
+    "streaming-f2": [
+        "--sync",
+        "streaming-diloco",
+        "--inner-steps",
+        "64",
+        "--fragments",
+        "2",
+        "--overlap-steps",
+        "1",
+        "--outer-dtype",
+        "fp8",
+    ],
+}
+# method -> the planner's words for it (the same flags, where the planner has them)
+PLANNED: dict[str, list[str]] = {
+    "compute": [],
+    "ddp": ["--sync", "ddp"],
+    "ddp-bf16": ["--sync", "ddp", "--grad-dtype", "bf16"],
+    "powersgd-r4": ["--sync", "powersgd", "--powersgd-rank", "4"],
+    "local-sgd-h16": ["--sync", "local-sgd", "--inner-steps", "16"],
+    "diloco-h16": ["--sync", "diloco", "--inner-steps", "16"],
+    "diloco-h64": ["--sync", "diloco", "--inner-steps", "64"],
+    "streaming-f2": [
+        "--sync",
+        "streaming-diloco",
+        "--inner-steps",
+        "64",
+        "--fragments",
+        "2",
+        "--overlap-steps",
+        "1",
+        "--outer-dtype",
+        "fp8",
+    ],
+}
+
+
+def ringtree(*args: str) -> str:
+    """Run `python -m ringtree ARGS`, failing loudly with its output; its stdout."""
+    done = subprocess.run([sys.executable, "-m", "ringtree", *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"ringtree {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def train_args(args: argparse.Namespace, method: str, out: Path) -> list[str]:
+    budget = ["--model", args.model, "--epochs", str(args.epochs), "--seed", str(args.seed)]
+    if args.batch_size:
+        budget += ["--batch-size", str(args.batch_size)]
+    return ["train", *budget, *METHODS[method], "--no-progress", "--json", str(out)]
+
+
+def measure(
+    args: argparse.Namespace, method: str, rate: str, work: Path, tag: str, links: dict[str, Any]
+) -> dict[str, Any]:
+    """One emulated run: its summary and the cluster record's interface counters. The first run on
+    each rate also measures the shaped links (`links[rate]`), which the planner is given."""
+    summary_path, record_path = (
+        work / f"{method}-{rate}{tag}.json",
+        work / f"{method}-{rate}{tag}-cluster.json",
+    )
+    emulate = ["emulate", "--nodes", str(NODES), "--nproc-per-node", "1", "--inter-bw", rate]
+    emulate += [*(["--no-measure"] if rate in links else []), "--json", str(record_path), "--"]
+    ringtree(*emulate, *train_args(args, method, summary_path))
+    summary: dict[str, Any] = json.loads(summary_path.read_text())
+    record: dict[str, Any] = json.loads(record_path.read_text())
+    links.setdefault(rate, record["links"])
+    steps = int(summary["steps"])
+    sent = [n["sent"] for n in record["link_bytes"]]
+    return {
+        "method": method,
+        "inter_bw": rate,
+        "samples_per_s": float(summary["samples_per_s"]),
+        "step_time_s": float(summary["step_time_s"]),
+        "steps": steps,
+        "accuracy": summary.get("accuracy"),
+        "test_loss": summary.get("test_loss"),
+        "link_bytes_per_step": statistics.mean(sent) / steps,  # one rank per node: what a rank sent
+        "reported_bytes_per_step": summary.get("inter_node_bytes_per_step"),
+        "parameters": int(summary["parameters"]),
+        "global_batch": int(summary["batch_size"]) * int(summary["world_size"]),
+    }
+
+
+def predicted_samples_per_s(
+    method: str, links: list[dict[str, Any]], compute_step_s: float, row: dict[str, Any]
+) -> float | None:
+    """The planner's samples/s for the method on the links as measured, from the compute run's step."""
+    if method == "compute":
+        return None
+    gbps = statistics.median(x["measured_gbps"] for x in links)
+    latency_us = statistics.median(x["latency_us"] for x in links)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.json"
+        link = f"bw={gbps * 1e3 / 8:.4g}MB/s,lat={latency_us:.0f}us"
+        ringtree(
+            "plan", "--params", str(row["parameters"]), "--compute-time", f"{compute_step_s:.6g}",
+            "--nodes", str(NODES), "--gpus-per-node", "1", "--intra", "pcie-gen3", "--inter", link,
+            *PLANNED[method],
+            "--json", str(out),
+        )  # fmt: skip
+        plan: dict[str, Any] = json.loads(out.read_text())
+    step = float(plan["sync"]["step_s"])  # the method's step: inner step and its share of the syncs
+    return row["global_batch"] / step if step > 0 else None
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(runs[0])
+    for key in ("samples_per_s", "step_time_s", "link_bytes_per_step", "accuracy", "test_loss"):
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = statistics.median(values) if values else None
+    out["rounds"] = len(runs)
+    out["samples_per_s_all"] = [r["samples_per_s"] for r in runs]
+    return out
+
+
+def summarise(rows: list[dict[str, Any]], links: dict[str, Any]) -> list[dict[str, Any]]:
+    """Compute utilisation, bytes against DDP's, the planner beside each row."""
+    for rate in sorted({r["inter_bw"] for r in rows}):
+        mine = {r["method"]: r for r in rows if r["inter_bw"] == rate}
+        compute, ddp = mine.get("compute"), mine.get("ddp")
+        for r in mine.values():
+            if compute:
+                r["compute_utilisation"] = r["samples_per_s"] / compute["samples_per_s"]
+                r["predicted_samples_per_s"] = predicted_samples_per_s(
+                    r["method"], links[rate], compute["step_time_s"], r
+                )
+                if r["predicted_samples_per_s"]:
+                    r["predicted_over_measured"] = r["predicted_samples_per_s"] / r["samples_per_s"]
+            if ddp:
+                r["speed_vs_ddp"] = r["samples_per_s"] / ddp["samples_per_s"]
+                r["bytes_vs_ddp"] = r["link_bytes_per_step"] / ddp["link_bytes_per_step"]
+                if r["accuracy"] is not None and ddp["accuracy"] is not None:
+                    r["accuracy_vs_ddp_points"] = 100 * (r["accuracy"] - ddp["accuracy"])
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as the results page shows them (markdown)."""
+
+    def f(x: Any, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    out = [
+        "| link | method | samples/s | compute util. | x DDP | bytes/step (interface) | x DDP's | "
+        "accuracy | vs DDP (points) | test loss | planner samples/s | planner / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            r["inter_bw"],
+            r["method"],
+            f(r["samples_per_s"], ",.0f"),
+            f(r.get("compute_utilisation"), ".0%"),
+            f(r.get("speed_vs_ddp"), ".2f"),
+            f(r["link_bytes_per_step"], ",.0f"),
+            f(r.get("bytes_vs_ddp"), ".4f"),
+            f(r["accuracy"], ".4f"),
+            f(r.get("accuracy_vs_ddp_points"), "+.1f"),
+            f(r["test_loss"], ".3f"),
+            f(r.get("predicted_samples_per_s"), ",.0f"),
+            f(r.get("predicted_over_measured"), ".2f"),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    return {
+        "host": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_avg_1m": os.getloadavg()[0],
+        "command": " ".join(["python", *sys.argv]),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, required=True, help="Write the rows here.")
+    p.add_argument("--table", action="store_true", help="Only print --json's rows as a markdown table.")
+    p.add_argument("--rates", default="100mbit,1gbit", help="Inter-node link rates, comma-separated.")
+    p.add_argument("--methods", default=",".join(METHODS), help="Methods, comma-separated.")
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=0, help="Per rank; 0: the model's recipe.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="Rounds; each row is the median over them.")
+    args = p.parse_args()
+    if args.table:
+        print(table(json.loads(args.json.read_text())["rows"]))
+        return
+    if not args.json.parent.is_dir():
+        sys.exit(f"--json: the folder {args.json.parent} does not exist")
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        sys.exit(f"--methods: unknown {unknown[0]!r}; known: {', '.join(METHODS)}")
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    links: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ringtree-slow-network-") as tmp:
+        for k in range(args.repeats):
+            for rate in args.rates.split(","):
+                for method in methods:
+                    run = measure(args, method, rate, Path(tmp), f"-r{k}", links)
+                    print(json.dumps(run), flush=True)
+                    runs.setdefault((rate, method), []).append(run)
+            rows = summarise([median_row(v) for v in runs.values()], links)
+            record = {"environment": environment(), "links": links, "rows": rows}
+            args.json.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
