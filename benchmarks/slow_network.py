@@ -6,7 +6,7 @@ shaped at each `--rates` value. Every method trains the same model on the same s
 epochs, batch and seed): DDP, DDP with bf16 buckets, PowerSGD (rank 4), local SGD, DiLoCo (H = 16
 and 64) and Streaming DiLoCo (2 fragments, as the mlp has 3 layers; one overlapped step, fp8 on the
 wire), and `compute`, the
-same three ranks with no communication at all (local SGD that never averages), whose samples/s is
+same three ranks with no communication at all (local SGD that averages only at the start and the end), whose samples/s is
 the denominator of every compute utilisation. For each run: samples/s, the bytes each node's
 interface really sent during the job (the kernel's counters, from `ringtree emulate --json`'s
 `link_bytes`, not ringtree's own bookkeeping) per optimizer step, held-out loss and accuracy, and
@@ -36,47 +36,21 @@ NODES = 3
 
 # method -> the train flags that select it (every run adds the same model, data and budget)
 METHODS: dict[str, list[str]] = {
-    "compute": ["--sync", "local-sgd", "--inner-steps", "1000000"],  # never averages: no communication
+    "compute": ["--sync", "local-sgd", "--inner-steps", "1000000"],  # averages only at the start and the end
     "ddp": [],
     "ddp-bf16": ["--compression", "bf16"],
     "powersgd-r4": ["--compression", "powersgd", "--powersgd-rank", "4", "--powersgd-start-iter", "10"],
     "local-sgd-h16": ["--sync", "local-sgd", "--inner-steps", "16"],
     "diloco-h16": ["--sync", "diloco", "--inner-steps", "16"],
     "diloco-h64": ["--sync", "diloco", "--inner-steps", "64"],
-    "streaming-f2": [
-        "--sync",
-        "streaming-diloco",
-        "--inner-steps",
-        "64",
-        "--fragments",
-        "2",
-        "--overlap-steps",
-        "1",
-        "--outer-dtype",
-        "fp8",
-    ],
+    "streaming-f2": "--sync streaming-diloco --inner-steps 64 --fragments 2 --overlap-steps 1 --outer-dtype fp8".split(),
 }
-# method -> the planner's words for it (the same flags, where the planner has them)
+# method -> the planner's words for it, where they differ from train's (--sync is the same word)
 PLANNED: dict[str, list[str]] = {
     "compute": [],
     "ddp": ["--sync", "ddp"],
     "ddp-bf16": ["--sync", "ddp", "--grad-dtype", "bf16"],
     "powersgd-r4": ["--sync", "powersgd", "--powersgd-rank", "4"],
-    "local-sgd-h16": ["--sync", "local-sgd", "--inner-steps", "16"],
-    "diloco-h16": ["--sync", "diloco", "--inner-steps", "16"],
-    "diloco-h64": ["--sync", "diloco", "--inner-steps", "64"],
-    "streaming-f2": [
-        "--sync",
-        "streaming-diloco",
-        "--inner-steps",
-        "64",
-        "--fragments",
-        "2",
-        "--overlap-steps",
-        "1",
-        "--outer-dtype",
-        "fp8",
-    ],
 }
 
 
@@ -141,7 +115,7 @@ def predicted_samples_per_s(
         ringtree(
             "plan", "--params", str(row["parameters"]), "--compute-time", f"{compute_step_s:.6g}",
             "--nodes", str(NODES), "--gpus-per-node", "1", "--intra", "pcie-gen3", "--inter", link,
-            *PLANNED[method],
+            *PLANNED.get(method, METHODS[method]),
             "--json", str(out),
         )  # fmt: skip
         plan: dict[str, Any] = json.loads(out.read_text())
