@@ -2,18 +2,17 @@
 (docs/results/slow-network.md).
 
 Three emulated nodes, one rank each (`ringtree emulate --nodes 3 --nproc-per-node 1`), their links
-shaped at each `--rates` value. Every method trains the same model on the same samples (same
-epochs, batch and seed): DDP, DDP with bf16 buckets, PowerSGD (rank 4), local SGD, DiLoCo (H = 16
-and 64) and Streaming DiLoCo (2 fragments, as the mlp has 3 layers; one overlapped step, fp8 on the
-wire), and `compute`, the
-same three ranks with no communication at all (local SGD that averages only at the start and the end), whose samples/s is
-the denominator of every compute utilisation. For each run: samples/s, the bytes each node's
-interface really sent during the job (the kernel's counters, from `ringtree emulate --json`'s
-`link_bytes`, not ringtree's own bookkeeping) per optimizer step, held-out loss and accuracy, and
-the planner's samples/s for the same method (`ringtree plan --params ... --compute-time T --sync
-...`, T the compute run's step time), set beside the measurement. Rounds interleave the methods so
-that load drift hits every row alike; each row is the median over rounds. Needs root or
-CAP_NET_ADMIN. Run it alone, under the shared lock:
+shaped at each `--rates` value. Every method trains the same model on the same samples (same epochs,
+batch and seed): DDP, DDP with bf16 buckets, PowerSGD (rank 4), local SGD, DiLoCo (H = 16 and 64)
+and Streaming DiLoCo (2 fragments, as the mlp has 3 layers; one overlapped step, fp8 on the wire),
+and `compute`, the same three ranks without communication (local SGD that averages only at the start
+and the end), whose samples/s is the denominator of every compute utilisation. For each run:
+samples/s, the bytes each node's interface really sent during the job (the kernel's counters, from
+`ringtree emulate --json`'s `link_bytes`, not ringtree's own bookkeeping) per optimizer step,
+held-out loss and accuracy, and the planner's samples/s for the same method (`ringtree plan --params
+... --compute-time T --sync ...`, T the compute run's step time), set beside the measurement. Rounds
+interleave the methods so that load drift hits every row alike; each row is the median over rounds.
+Needs root or CAP_NET_ADMIN. Run it alone, under the shared lock:
 
     flock /tmp/ringtree-bench.lock python benchmarks/slow_network.py --json docs/data/slow-network.json
 """
@@ -43,7 +42,10 @@ METHODS: dict[str, list[str]] = {
     "local-sgd-h16": ["--sync", "local-sgd", "--inner-steps", "16"],
     "diloco-h16": ["--sync", "diloco", "--inner-steps", "16"],
     "diloco-h64": ["--sync", "diloco", "--inner-steps", "64"],
-    "streaming-f2": "--sync streaming-diloco --inner-steps 64 --fragments 2 --overlap-steps 1 --outer-dtype fp8".split(),
+    "streaming-f2": [
+        *("--sync", "streaming-diloco", "--inner-steps", "64", "--fragments", "2"),
+        *("--overlap-steps", "1", "--outer-dtype", "fp8"),
+    ],
 }
 # method -> the planner's words for it, where they differ from train's (--sync is the same word)
 PLANNED: dict[str, list[str]] = {
