@@ -32,6 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 3
+MODULES = {"mlp": "ringtree.train.models:MLP"}  # the planner counts (and PowerSGD splits) its tensors
 
 # method -> the train flags that select it (every run adds the same model, data and budget)
 METHODS: dict[str, list[str]] = {
@@ -90,6 +91,7 @@ def measure(
     sent = [n["sent"] for n in record["link_bytes"]]
     return {
         "method": method,
+        "model": args.model,
         "inter_bw": rate,
         "samples_per_s": float(summary["samples_per_s"]),
         "step_time_s": float(summary["step_time_s"]),
@@ -115,7 +117,7 @@ def predicted_samples_per_s(
         out = Path(tmp) / "plan.json"
         link = f"bw={gbps * 1e3 / 8:.4g}MB/s,lat={latency_us:.0f}us"
         ringtree(
-            "plan", "--params", str(row["parameters"]), "--compute-time", f"{compute_step_s:.6g}",
+            "plan", "--module", MODULES[row["model"]], "--compute-time", f"{compute_step_s:.6g}",
             "--nodes", str(NODES), "--gpus-per-node", "1", "--intra", "pcie-gen3", "--inter", link,
             *PLANNED.get(method, METHODS[method]),
             "--json", str(out),
@@ -205,7 +207,7 @@ def main() -> None:
     p.add_argument("--table", action="store_true", help="Only print --json's rows as a markdown table.")
     p.add_argument("--rates", default="100mbit,1gbit", help="Inter-node link rates, comma-separated.")
     p.add_argument("--methods", default=",".join(METHODS), help="Methods, comma-separated.")
-    p.add_argument("--model", default="mlp")
+    p.add_argument("--model", default="mlp", choices=list(MODULES))
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=0, help="Per rank; 0: the model's recipe.")
     p.add_argument("--seed", type=int, default=0)
@@ -229,6 +231,14 @@ def main() -> None:
                     run = measure(args, method, rate, Path(tmp), f"-r{k}", links)
                     print(json.dumps(run), flush=True)
                     runs.setdefault((rate, method), []).append(run)
+            raw = {
+                "environment": environment(),
+                "links": links,
+                "runs": [r for v in runs.values() for r in v],
+            }
+            args.json.with_suffix(".runs.json").write_text(
+                json.dumps(raw, indent=1) + "\n"
+            )  # kept if the plans fail
             rows = summarise([median_row(v) for v in runs.values()], links)
             record = {"environment": environment(), "links": links, "rows": rows}
             args.json.write_text(json.dumps(record, indent=1) + "\n")

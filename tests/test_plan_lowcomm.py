@@ -337,3 +337,15 @@ def test_sync_with_a_run_or_a_search_is_refused(tmp_path: Path) -> None:
     args.append("--search")
     result = runner.invoke(app, [*args, "--sync", "diloco"])
     assert result.exit_code == 2 and "--sync price one layout" in _one_sentence(result.output)
+
+
+def test_powersgd_on_a_module_prices_its_own_tensors(tmp_path: Path) -> None:
+    """--module gives PowerSGD the module's real matrices: the mlp's three weights travel as P and Q
+    of rank 4 ([128,64]: 768, [128,128]: 1024, [10,128]: 552 numbers), its biases (266) whole."""
+    out = tmp_path / "plan.json"
+    args = ["plan", "--module", "ringtree.train.models:MLP", "--compute-time", "0.002", "--nodes", "3"]
+    args += ["--gpus-per-node", "1", "--intra", "pcie-gen3", "--inter", "bw=12MB/s,lat=100us"]
+    result = runner.invoke(app, [*args, "--sync", "powersgd", "--powersgd-rank", "4", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    sync = json.loads(out.read_text())["sync"]
+    assert sync["slow_link_bytes_per_step"] == pytest.approx(2 * 2 / 3 * 4 * (768 + 1024 + 552 + 266))

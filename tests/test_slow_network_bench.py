@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.benchmark_scripts import load
+from benchmark_scripts import load
 
 
 def _run(method: str, samples_per_s: float, sent: float, accuracy: float) -> dict[str, Any]:
     return {
-        "method": method, "inter_bw": "100mbit", "samples_per_s": samples_per_s,
+        "method": method, "model": "mlp", "inter_bw": "100mbit", "samples_per_s": samples_per_s,
         "step_time_s": 96 / samples_per_s,
         "steps": 300, "accuracy": accuracy, "test_loss": 0.1, "link_bytes_per_step": sent,
         "reported_bytes_per_step": None, "parameters": 26122, "global_batch": 96,

@@ -26,6 +26,15 @@ def count_parameters(spec: str) -> int:
     return sum(p.numel() for p in load_module(spec).parameters() if p.requires_grad)
 
 
+def parameter_shapes(spec: str) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """The module's trainable tensors' shapes, in registration order (the order DDP buckets them),
+    and its layers: the modules that hold parameters of their own."""
+    module = load_module(spec)
+    shapes = tuple(tuple(p.shape) for p in module.parameters() if p.requires_grad)
+    layers = sum(1 for m in module.modules() if any(True for _ in m.parameters(recurse=False)))
+    return shapes, layers
+
+
 def measure_step(spec: str, shape: list[int], warmup: int = 2, iters: int = 5) -> float:
     """Median seconds of forward + backward of the module on a random input of `shape` (CPU)."""
     import torch

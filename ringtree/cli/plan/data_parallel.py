@@ -86,7 +86,7 @@ def run(
                 f"unknown algorithm {algorithm!r}; choose auto or one of {', '.join(ALGORITHMS)}"
             )
         if sync.given():
-            sync.check(cluster, dp_sync_model(config, model, shape))
+            sync.check(cluster, dp_sync_model(config, model, shape, module=module))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     result = _plan(config, cluster, algorithm)
@@ -98,7 +98,7 @@ def run(
     if tp > 1:
         result["tensor_parallel"] = _tensor_parallel(config, cluster, tp, model, shape, result["algorithm"])
     if sync.given():
-        result |= dp_sync_report(sync, config, links, result["algorithm"], model, shape)
+        result |= dp_sync_report(sync, config, links, result["algorithm"], model, shape, module)
     if json_path is not None:
         write_json(json_path, result)
     if plot is not None:

@@ -218,12 +218,23 @@ def _words(row: dict[str, Any]) -> str:
     )
 
 
-def dp_sync_model(config: Any, model: str | None, shape: str | None, hbm_Bps: float = 0.0) -> Any:
+def dp_sync_model(
+    config: Any, model: str | None, shape: str | None, hbm_Bps: float = 0.0, module: str | None = None
+) -> Any:
     """What --sync needs of the data-parallel planner's model: the step's gradients and, for
-    PowerSGD and the fragments, an encoder of --shape's (or the preset's) layers."""
+    PowerSGD and the fragments, the --module's own tensors and layers, or an encoder of --shape's
+    (or the preset's) layers."""
     from ringtree.sim.lowcomm import Model
     from ringtree.sim.training.param_shapes import encoder_shapes
     from ringtree.sim.training.tensor_parallel import SHAPES
+
+    if module is not None:
+        from ringtree.cli.modules import parameter_shapes
+
+        tensors, layers = parameter_shapes(module)
+        return Model(
+            config.params, config.itemsize, config.bucket_mb, tensors, layers=layers, hbm_Bps=hbm_Bps
+        )
 
     try:
         dims = SHAPES.get(model or "") if shape is None else tuple(int(x) for x in shape.split(","))
@@ -238,7 +249,13 @@ def dp_sync_model(config: Any, model: str | None, shape: str | None, hbm_Bps: fl
 
 
 def dp_sync_report(
-    sync: SyncOptions, config: Any, links: Any, algorithm: str, model: str | None, shape: str | None
+    sync: SyncOptions,
+    config: Any,
+    links: Any,
+    algorithm: str,
+    model: str | None,
+    shape: str | None,
+    module: str | None = None,
 ) -> dict[str, Any]:
     """--sync on the data-parallel planner: each method priced on its step (`predict_step` on the
     world or on one replica group), PowerSGD's passes at the --cluster GPU's memory bandwidth when
@@ -247,7 +264,7 @@ def dp_sync_report(
 
     hbm = links.gpu().hbm_GBps * 1e9 if links.name is not None else 0.0
     try:
-        return report(sync, dp_sync_model(config, model, shape, hbm), links.cluster(), algorithm,
+        return report(sync, dp_sync_model(config, model, shape, hbm, module), links.cluster(), algorithm,
                       lambda a: lambda c: predict_step(config, c, a),
                       "data-parallel formula: --params/--model and --compute-time")  # fmt: skip
     except ValueError as e:
