@@ -1,5 +1,5 @@
 """Training across a slow network, measured: DDP against the methods that synchronise less
-(docs/results/slow-network.md).
+(docs/results/synchronising-less.md).
 
 Three emulated nodes, one rank each (`ringtree emulate --nodes 3 --nproc-per-node 1`), their links
 shaped at each `--rates` value. Every method trains the same model on the same samples (same epochs,
