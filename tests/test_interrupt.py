@@ -14,9 +14,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120) -> tuple[int, str]:
     """Start `ringtree ARGS` in its own process group, wait until ready(), Ctrl-C the group (as a
-    terminal does); return its exit code and stderr."""
+    terminal does); return its exit code and stderr. The command starts with SIGINT's default
+    action, as from a terminal, even where these tests run from a background shell (which
+    ignores SIGINT for its children)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     job = subprocess.Popen(
         [sys.executable, "-m", "ringtree", *args],
@@ -26,6 +32,7 @@ def _interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120)
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_default_sigint,
     )
     try:
         deadline = time.monotonic() + timeout
