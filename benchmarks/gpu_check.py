@@ -229,6 +229,17 @@ def check_tp(device: torch.device) -> dict[str, Any]:
     }
 
 
+def _measured_bubble(spans: list[Any], p: int) -> float:
+    """1 - the stages' work / (p x the makespan over every rank), from this rank's spans (collective)."""
+    work = [s for s in spans if s.kind != "step"]
+    offset = time.time() - time.perf_counter()  # wall clock: comparable across processes
+    window = (work[0].start + offset, max(s.end for s in work) + offset, sum(s.end - s.start for s in work))
+    every: list[Any] = [None] * p
+    dist.all_gather_object(every, window)
+    makespan = max(w[1] for w in every) - min(w[0] for w in every)
+    return 1 - sum(w[2] for w in every) / (p * makespan)
+
+
 def check_pp(device: torch.device) -> dict[str, Any]:
     """The vit, one stage per rank, 1f1b over 8 micro-batches: gradients and the bubble."""
     p, rank, m = dist.get_world_size(), dist.get_rank(), 8
@@ -257,14 +268,7 @@ def check_pp(device: torch.device) -> dict[str, Any]:
     runs = []
     for _ in range(3):
         dist.barrier()
-        result = runner.run(build("1f1b", p, m), batches)
-        work = [s for s in result.spans if s.kind != "step"]
-        offset = time.time() - time.perf_counter()  # wall clock: comparable across processes
-        window = (work[0].start + offset, work[-1].end + offset, sum(s.end - s.start for s in work))
-        every: list[Any] = [None] * p
-        dist.all_gather_object(every, window)
-        makespan = max(w[1] for w in every) - min(w[0] for w in every)
-        runs.append(1 - sum(w[2] for w in every) / (p * makespan))
+        runs.append(_measured_bubble(runner.run(build("1f1b", p, m), batches).spans, p))
     error = max(errors, default=0.0)
     return {
         "max_abs_grad_error": error,
@@ -313,17 +317,7 @@ def check_zero_bubble(device: torch.device) -> dict[str, Any]:
     runs = []
     for _ in range(3):
         dist.barrier()
-        work = [s for s in runner.run(schedule, batches).spans if s.kind != "step"]
-        offset = time.time() - time.perf_counter()
-        window = (
-            work[0].start + offset,
-            max(s.end for s in work) + offset,
-            sum(s.end - s.start for s in work),
-        )
-        every: list[Any] = [None] * p
-        dist.all_gather_object(every, window)
-        makespan = max(w[1] for w in every) - min(w[0] for w in every)
-        runs.append(1 - sum(w[2] for w in every) / (p * makespan))
+        runs.append(_measured_bubble(runner.run(schedule, batches).spans, p))
     error = max(errors, default=0.0)
     return {
         **out,
