@@ -17,7 +17,7 @@ from ringtree.processes import spawn
 from ringtree.train import RankResult, TrainConfig, Trainer
 from ringtree.train.config import ConfigError, effective
 from ringtree.train.data import digits
-from ringtree.train.models import ViT, build_model
+from ringtree.train.models import MLP, ViT, build_model, wide_mlp
 from ringtree.train.summary import METRIC_KEYS
 from ringtree.train.trace import chrome_trace
 
@@ -108,6 +108,21 @@ def test_models_classify_a_batch_and_vit_blocks_are_a_module_list() -> None:
     assert isinstance(vit.blocks, nn.ModuleList) and len(vit.blocks) == 3
     h = vit.tokens(x)
     assert h.shape == (5, 17, 64)  # class token + 16 patches of 2x2
+
+
+def test_mlp_depth_adds_hidden_layers_and_keeps_the_default_init() -> None:
+    torch.manual_seed(0)
+    default = MLP()
+    torch.manual_seed(0)
+    two = MLP(hidden=128, depth=2)  # the default, layer for layer and value for value
+    assert all(torch.equal(a, b) for a, b in zip(default.parameters(), two.parameters(), strict=True))
+    wide = wide_mlp()
+    linears = [m for m in wide.modules() if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(64, 256), *[(256, 256)] * 3, (256, 10)]
+    assert sum(p.numel() for p in wide.parameters()) == 216_586
+    assert wide(torch.rand(3, 64)).shape == (3, 10)
+    with pytest.raises(ValueError, match="depth=0"):
+        MLP(depth=0)
 
 
 def test_vit_patches_follow_the_image_layout() -> None:

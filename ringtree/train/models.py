@@ -19,17 +19,16 @@ TINY_HIDDEN = 16  # mlp-tiny: a distillation student with about 1/18 of the mlp'
 
 
 class MLP(nn.Module):
-    """Two hidden layers with ReLU."""
+    """`depth` hidden layers of `hidden` units with ReLU (the default: two of 128)."""
 
-    def __init__(self, hidden: int = 128) -> None:
+    def __init__(self, hidden: int = 128, depth: int = 2) -> None:
         super().__init__()
-        self.layers = nn.Sequential(
-            nn.Linear(PIXELS, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, CLASSES),
-        )
+        if depth < 1:
+            raise ValueError(f"depth={depth}: an MLP needs at least one hidden layer")
+        layers: list[nn.Module] = [nn.Linear(PIXELS, hidden), nn.ReLU()]  # created in order: torch's seed
+        for _ in range(depth - 1):
+            layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+        self.layers = nn.Sequential(*layers, nn.Linear(hidden, CLASSES))
         self.checkpoint_segments = 0  # > 0: activation checkpointing (see enable_checkpointing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +115,13 @@ class Recipe:
 
 def _tiny() -> nn.Module:
     return MLP(hidden=TINY_HIDDEN)
+
+
+def wide_mlp() -> MLP:
+    """Four hidden layers of 256 (216,586 parameters, 5 layers): a model whose data-parallel step on
+    a slow network is mostly communication (`--model ringtree.train.models:wide_mlp`; the
+    slow-network benchmark's)."""
+    return MLP(hidden=256, depth=4)
 
 
 def _gpt() -> nn.Module:
