@@ -274,7 +274,9 @@ class TrainConfig:
         "step every --inner-steps) or streaming-diloco (one --fragments fragment at a time).",
     )
     replicas: int | None = _opt(
-        None, "Replica groups, DDP inside each, synchronised by --sync (not ddp) [one per node or DP rank]."
+        None,
+        "Replica groups, DDP or ZeRO-1/2 inside each, synchronised by --sync (not ddp) "
+        "[one per node or DP rank].",
     )
     inner_steps: int | None = _opt(None, "Optimizer steps between synchronisations, H (needs --sync) [100].")
     outer_lr: float | None = _opt(None, "Outer SGD learning rate (--sync diloco, streaming-diloco) [0.7].")
