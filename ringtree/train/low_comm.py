@@ -4,11 +4,12 @@ each --sync (DDP's included) sent to other nodes.
 The parallelize step builds DDP (or ZeRO-1/2's ShardedDataParallel) over this rank's replica
 (ringtree.parallel.outer_groups cuts the mesh's DP group at the replica's edges); `attach` then
 hooks the trainer's optimizer with ringtree.parallel.LocalSGD or DiLoCo over the outer group
-(rank j of every replica). The trainer's
-loop is unchanged: a step the fp16 scaler skipped (agreed by every rank) is counted by
-`skip_step`, so every replica keeps the same schedule. Checkpoints add one file per rank
-(DIR/outer/rank{R}.pt: its local model, inner optimizer and outer state), since replicas differ
-between synchronisations; resumed with the dense checkpoint of the same step, bit-identical.
+(rank j of every replica). The trainer's loop is unchanged: a step the fp16 scaler skipped
+(agreed by every rank) is counted by `skip_step`, so every replica keeps the same schedule
+(ZeRO's whole parameters are then still those gathered for the step's forward). Checkpoints add
+one file per rank (DIR/outer/rank{R}.pt: its local model, inner optimizer and outer state), since
+replicas differ between synchronisations; resumed with the dense checkpoint of the same step,
+bit-identical.
 """
 
 from __future__ import annotations
@@ -68,8 +69,7 @@ def attach(
     if made is None:
         return None
     if sharded is not None:
-        if sharded.zero == 3:
-            raise ValueError(f"--sync {cfg.sync} needs whole parameters; --zero 3 holds only shards")
+        assert sharded.zero < 3, "the config refuses --sync with --zero 3 (whole parameters needed)"
         optimizer.register_step_post_hook(lambda *_: sharded.gather_parameters())
     h, timeout = cfg.get("inner_steps"), cfg.get("timeout_s")
     algorithm = cfg.algorithm if cfg.algorithm in comm.algorithms("all_reduce") else "ring"
