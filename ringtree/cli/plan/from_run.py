@@ -38,12 +38,17 @@ def sync_words(summary: dict[str, Any], path: Path, given: SyncOptions | None = 
             f"planner does not price together; plan it without --from-run as --sync {sync} (the outer "
             "sync) and as --sync powersgd (the inner all-reduce) over --module and --compute-time"
         )
+    if given.replicas is not None and sync == "ddp":
+        raise ValueError(
+            f"--replicas sets the replica groups of a local-sgd or diloco run, and {path} ran --sync ddp"
+            f"{' with PowerSGD' if compression == 'powersgd' else ''}: drop --replicas"
+        )
     if compression == "powersgd":
         rank = summary.get("powersgd_rank")
         return SyncOptions("powersgd", powersgd_rank=None if rank is None else int(rank),
                            replicas=given.replicas, sweep=given.sweep)  # fmt: skip
     if sync == "ddp":
-        return None if given.sweep is None and given.replicas is None else given
+        return None if given.sweep is None else given
     streaming = sync == "streaming-diloco"
     return SyncOptions(
         sync,
