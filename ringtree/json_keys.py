@@ -686,7 +686,8 @@ OUTPUTS: dict[str, Output] = {
     ),
     "plan-from-run": Output(
         "ringtree plan --from-run RUN.json --json FILE",
-        "the step keys of `plan`, and",
+        "the step keys of `plan` (a run that compressed with PowerSGD or ran a --sync other than ddp: "
+        "also the keys of `plan-sync`, its own method's row first), and",
         {
             "speedup": "predicted throughput on the cluster over the measured run's",
             "speedup_vs_predicted_run": (

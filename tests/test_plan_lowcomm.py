@@ -333,6 +333,10 @@ def test_sync_with_a_run_or_a_search_is_refused(tmp_path: Path) -> None:
     run.write_text(json.dumps({"parameters": 1000, "step_time_s": 0.1}))
     result = runner.invoke(app, ["plan", "--from-run", str(run), "--sync", "diloco"])
     assert result.exit_code == 2 and "--sync do not apply with --from-run" in _one_sentence(result.output)
+    result = runner.invoke(app, ["plan", "--from-run", str(run), "--inner-steps", "5"])
+    assert result.exit_code == 2 and "--inner-steps do not apply with --from-run" in _one_sentence(
+        result.output
+    )
     args = ["plan", "--model", "gpt-1.3b", "--global-batch", "32", "--cluster", "dgx-h100", "--nodes", "2"]
     args.append("--search")
     result = runner.invoke(app, [*args, "--sync", "diloco"])
@@ -349,3 +353,82 @@ def test_powersgd_on_a_module_prices_its_own_tensors(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     sync = json.loads(out.read_text())["sync"]
     assert sync["slow_link_bytes_per_step"] == pytest.approx(2 * 2 / 3 * 4 * (768 + 1024 + 552 + 266))
+
+
+# a one-node, two-rank `ringtree train --json` summary of the mlp-tiny (its keys as train writes them)
+RUN = {"step_time_s": 0.0075, "exposed_comm_time_s": 0.0008, "world_size": 2, "nodes": 1,
+       "parameters": 1482, "steps": 23, "sync": "ddp", "replicas": 1, "inner_steps": 1,
+       "outer_syncs": None, "outer_comm_exposed_s": None, "model": "mlp-tiny", "mode": "ddp",
+       "algorithm": "ring", "bucket_mb": 25.0, "compression": None, "overlap": True,
+       "batch_size": 32, "accumulate": 1, "zero": 0}  # fmt: skip
+FROM_RUN = ["--nodes", "3", "--gpus-per-node", "2", "--intra", "pcie-gen3", "--inter", "eth-1g"]
+
+
+def _from_run(tmp_path: Path, summary: dict[str, object], *extra: str) -> tuple[object, dict[str, object]]:
+    run, out = tmp_path / "run.json", tmp_path / "plan.json"
+    run.write_text(json.dumps(summary))
+    result = runner.invoke(app, ["plan", "--from-run", str(run), *FROM_RUN, *extra, "--json", str(out)])
+    return result, json.loads(out.read_text()) if result.exit_code == 0 else {}
+
+
+def test_a_powersgd_run_is_priced_as_it_ran(tmp_path: Path) -> None:
+    """--compression powersgd: the run's rank on its model's own matrices (rebuilt from its name);
+    the step line stays DDP's, fp32 gradients."""
+    run = RUN | {"compression": "powersgd", "powersgd_rank": 2, "powersgd_start_iter": 1000}
+    result, plan = _from_run(tmp_path, run)
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    sync = plan["sync"]
+    assert isinstance(sync, dict) and (sync["sync"], sync["powersgd_rank"]) == ("powersgd", 2)
+    direct = tmp_path / "direct.json"
+    args = ["plan", "--module", "ringtree.train.models:_tiny", "--compute-time", str(0.0075 - 0.0008)]
+    args += [*FROM_RUN, "--sync", "powersgd", "--powersgd-rank", "2", "--json", str(direct)]
+    assert runner.invoke(app, args).exit_code == 0
+    bytes_per_step = json.loads(direct.read_text())["sync"]["slow_link_bytes_per_step"]
+    assert sync["slow_link_bytes_per_step"] == pytest.approx(bytes_per_step)
+    assert "before PowerSGD's start iteration 1000" in result.output  # type: ignore[attr-defined]
+
+
+def test_a_diloco_run_is_priced_with_its_own_words(tmp_path: Path) -> None:
+    """--sync diloco: H and the outer dtype from the run, one replica group per planned node; the
+    outer sync's measured exposure leaves the compute (the planner prices its own)."""
+    run = RUN | {"sync": "diloco", "replicas": 2, "inner_steps": 5, "outer_syncs": 5,
+                 "outer_comm_exposed_s": 0.001, "outer_dtype": "int8", "outer_lr": 0.7}  # fmt: skip
+    result, plan = _from_run(tmp_path, run)
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    sync = plan["sync"]
+    assert isinstance(sync, dict)
+    assert (sync["sync"], sync["inner_steps"], sync["outer_dtype"], sync["replicas"]) == (
+        "diloco",
+        5,
+        "int8",
+        3,
+    )
+    assert StepConfig.from_summary(run).compute_time_s == pytest.approx(0.0075 - 0.0008 - 0.001)
+    streaming = run | {"sync": "streaming-diloco", "inner_steps": 4, "fragments": 2, "overlap_steps": 1}
+    result, plan = _from_run(tmp_path, streaming, "--replicas", "6")
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    sync = plan["sync"]
+    assert isinstance(sync, dict) and (sync["fragments"], sync["overlap_steps"], sync["replicas"]) == (
+        2,
+        1,
+        6,
+    )
+
+
+FROM_RUN_BAD = [
+    ({"sync": "diloco", "inner_steps": 5, "compression": "powersgd"}, [], "does not price together"),
+    ({"compression": "powersgd", "model": "Sequential"}, [], "'Sequential' cannot be rebuilt here"),
+    ({"sync": "gossip"}, [], "ran --sync gossip, which the planner does not price"),
+    ({}, ["--replicas", "2"], "ran --sync ddp: drop --replicas"),
+]
+
+
+@pytest.mark.parametrize(("words", "extra", "fragment"), FROM_RUN_BAD, ids=[f for *_, f in FROM_RUN_BAD])
+def test_a_run_the_planner_cannot_price_exits_2_naming_it(
+    tmp_path: Path, words: dict[str, object], extra: list[str], fragment: str
+) -> None:
+    result, _ = _from_run(tmp_path, RUN | words, *extra)
+    assert result.exit_code == 2, result.output  # type: ignore[attr-defined]
+    assert fragment in _one_sentence(result.output)  # type: ignore[attr-defined]
+    # the file named (rich may wrap a long path mid-word: compared without the white space)
+    assert str(tmp_path / "run.json") in "".join(_one_sentence(result.output).split())  # type: ignore[attr-defined]

@@ -158,7 +158,7 @@ BAD = [
     (["--sync", "gossip"], "unknown --sync 'gossip'"),
     (["--sync", "local-sgd", "--outer-lr", "0.5"], "local-sgd averages"),
     (["--sync", "diloco", "--fragments", "2"], "--fragments configures --sync streaming-diloco"),
-    (["--sync", "diloco", "--zero", "1"], "--zero 1 is not supported with it"),
+    (["--sync", "diloco", "--zero", "3"], "which --zero 3 holds only as shards"),
 ]
 
 

@@ -29,7 +29,23 @@ def count_parameters(spec: str) -> int:
 def parameter_shapes(spec: str) -> tuple[tuple[tuple[int, ...], ...], int]:
     """The module's trainable tensors' shapes, in registration order (the order DDP buckets them),
     and its layers: the modules that hold parameters of their own."""
-    module = load_module(spec)
+    return shapes_of(load_module(spec))
+
+
+def run_model_shapes(model: str) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """`parameter_shapes` of the model a `ringtree train` summary names: a built-in model's name
+    (mlp, vit, gpt, ...) or a `pkg.mod:factory`; ValueError for anything else."""
+    from ringtree.train.models import REGISTRY, build_model
+
+    if model in REGISTRY:
+        return shapes_of(build_model(model))
+    if ":" not in model:
+        raise ValueError(f"model {model!r} is neither a built-in model nor a pkg.mod:factory")
+    return parameter_shapes(model)
+
+
+def shapes_of(module: Any) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """`parameter_shapes` of a built torch.nn.Module."""
     shapes = tuple(tuple(p.shape) for p in module.parameters() if p.requires_grad)
     layers = sum(1 for m in module.modules() if any(True for _ in m.parameters(recurse=False)))
     return shapes, layers

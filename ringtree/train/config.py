@@ -274,7 +274,9 @@ class TrainConfig:
         "step every --inner-steps) or streaming-diloco (one --fragments fragment at a time).",
     )
     replicas: int | None = _opt(
-        None, "Replica groups, DDP inside each, synchronised by --sync (not ddp) [one per node or DP rank]."
+        None,
+        "Replica groups, DDP or ZeRO-1/2 inside each, synchronised by --sync (not ddp) "
+        "[one per node or DP rank].",
     )
     inner_steps: int | None = _opt(None, "Optimizer steps between synchronisations, H (needs --sync) [100].")
     outer_lr: float | None = _opt(None, "Outer SGD learning rate (--sync diloco, streaming-diloco) [0.7].")
@@ -669,16 +671,20 @@ def _check_sync(cfg: TrainConfig) -> None:
         )
     if cfg.sync == "ddp":
         return
+    if cfg.zero == 3:
+        raise ValueError(
+            f"--sync {cfg.sync} reads and writes each replica's whole parameters, which --zero 3 holds "
+            "only as shards; use --zero 1 or 2 inside the replica groups, or --zero 0"
+        )
     refused = [
         (cfg.mode != "ddp", f"--mode {cfg.mode}"),
-        (bool(cfg.zero), f"--zero {cfg.zero}"),
         (cfg.ep > 1, f"--ep {cfg.ep}"),
         (cfg.pp > 1 and cfg.get("schedule") not in SYNCHRONOUS, f"--schedule {cfg.schedule}"),
     ]
     for bad, words in refused:
         if bad:
             raise ValueError(
-                f"--sync {cfg.sync} runs over DDP (--zero 0) replicas; {words} is not supported with it"
+                f"--sync {cfg.sync} runs over DDP or ZeRO-1/2 replicas; {words} is not supported with it"
             )
 
 

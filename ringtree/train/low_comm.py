@@ -1,13 +1,15 @@
 """--sync: local SGD, DiLoCo or Streaming DiLoCo around the trainer's inner optimizer, and what
 each --sync (DDP's included) sent to other nodes.
 
-The parallelize step builds DDP over this rank's replica (ringtree.parallel.outer_groups cuts the
-mesh's DP group at the replica's edges); `attach` then hooks the trainer's optimizer with
-ringtree.parallel.LocalSGD or DiLoCo over the outer group (rank j of every replica). The trainer's
-loop is unchanged: a step the fp16 scaler skipped (agreed by every rank) is counted by
-`skip_step`, so every replica keeps the same schedule. Checkpoints add one file per rank
-(DIR/outer/rank{R}.pt: its local model, inner optimizer and outer state), since replicas differ
-between synchronisations; resumed with the dense checkpoint of the same step, bit-identical.
+The parallelize step builds DDP (or ZeRO-1/2's ShardedDataParallel) over this rank's replica
+(ringtree.parallel.outer_groups cuts the mesh's DP group at the replica's edges); `attach` then
+hooks the trainer's optimizer with ringtree.parallel.LocalSGD or DiLoCo over the outer group
+(rank j of every replica). The trainer's loop is unchanged: a step the fp16 scaler skipped
+(agreed by every rank) is counted by `skip_step`, so every replica keeps the same schedule
+(ZeRO's whole parameters are then still those gathered for the step's forward). Checkpoints add
+one file per rank (DIR/outer/rank{R}.pt: its local model, inner optimizer and outer state), since
+replicas differ between synchronisations; resumed with the dense checkpoint of the same step,
+bit-identical.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ringtree.parallel.outer_buckets import layers_of
 from ringtree.parallel.outer_groups import ReplicaGroups, split
 from ringtree.parallel.pipeline.partition import balance, param_costs
 from ringtree.parallel.pipeline.partition import split as split_stages
+from ringtree.parallel.sharded import ShardedDataParallel
 from ringtree.schedules import Request, build
 from ringtree.schedules.traffic import bytes_sent_off_node
 from ringtree.topology import Topology
@@ -50,11 +53,24 @@ def groups(cfg: TrainConfig, mesh: Mesh) -> ReplicaGroups | None:
 
 
 def attach(
-    cfg: TrainConfig, module: nn.Module, optimizer: torch.optim.Optimizer, made: ReplicaGroups | None
+    cfg: TrainConfig,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    made: ReplicaGroups | None,
+    sharded: ShardedDataParallel | None = None,
 ) -> OuterSync | None:
-    """Hook `optimizer` (over `module`'s parameters: the model, or this rank's stage) as --sync says."""
+    """Hook `optimizer` (over `module`'s parameters: the model, or this rank's stage) as --sync says.
+
+    Under --zero 1/2 (`sharded`, over the replica's group) the optimizer steps this rank's shards;
+    a hook registered before the outer sync's all-gathers the stepped shards into `module`'s whole
+    parameters after every step (what the next forward would do, so no extra traffic), and the
+    outer sync reads and writes those: their blocks are the shards' own storage.
+    """
     if made is None:
         return None
+    if sharded is not None:
+        assert sharded.zero < 3, "the config refuses --sync with --zero 3 (whole parameters needed)"
+        optimizer.register_step_post_hook(lambda *_: sharded.gather_parameters())
     h, timeout = cfg.get("inner_steps"), cfg.get("timeout_s")
     algorithm = cfg.algorithm if cfg.algorithm in comm.algorithms("all_reduce") else "ring"
     if cfg.sync == "local-sgd":

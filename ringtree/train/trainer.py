@@ -240,7 +240,7 @@ class _Run:
         if self.parallel.experts is not None:  # expert gradients and router biases before each step
             self.parallel.experts.register(self.optimizer)
         stage = self.net if self.pipe is None else self.pipe.stages[self.mesh.pp_rank]
-        self.outer = low_comm.attach(cfg, stage, self.optimizer, self.replicas)  # hooks optimizer.step()
+        self.outer = low_comm.attach(cfg, stage, self.optimizer, self.replicas, self.parallel.sharded)
         self.a2a_s: list[tuple[float, float]] = []  # per step: all-to-all seconds, and those waited for
         self.checkpointer = Checkpointer(
             cfg, self.net, self.optimizer, self.parallel, self.mesh, self.amp, trainer.names["model"], dense

@@ -150,8 +150,11 @@ def plan(
                  "--search": search or None}  # fmt: skip
         named = [k for k, v in given.items() if v is not None]
         named += ["transformer options"] if transformer_only else []  # the MoE options among them
-        refuse(named + sync.given(), "--from-run (the step comes from the run)")
-        return run_scaling.run(from_run, links, algorithm, json_path, plot)
+        # the method and its words come from the run; the planned cluster's replica groups and the
+        # sweep are the plan's own
+        kept = [f for f in sync.given() if f not in ("--replicas", "--sweep")]
+        refuse(named + kept, "--from-run (the step and its --sync come from the run)")
+        return run_scaling.run(from_run, links, algorithm, json_path, plot, sync)
     dp_inputs = compute_time is not None or measure  # a preset in both lists (llama-7b) goes by these
     # a transformer preset with --compute-time or --measure: its parameter count, data-parallel planner
     only = model == "transformer" or transformer_only or (model in TRANSFORMERS and not dp_inputs)

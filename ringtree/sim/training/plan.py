@@ -98,14 +98,19 @@ class StepConfig:
     @classmethod
     def from_summary(cls, summary: dict[str, Any]) -> StepConfig:
         """The step of a finished `ringtree train --json` run: its measured compute time (step time
-        less exposed communication, per micro-step) and its gradient settings."""
+        less exposed communication, the outer sync's included, per micro-step) and its gradient
+        settings (a PowerSGD run's as its uncompressed DDP: `--sync powersgd` prices the factors)."""
         try:
             accumulate = int(summary.get("accumulate") or 1)
             compute = float(summary["step_time_s"]) - float(summary.get("exposed_comm_time_s") or 0.0)
+            # local SGD / DiLoCo: the outer sync's exposed share is priced by the --sync planner
+            compute -= float(summary.get("outer_comm_exposed_s") or 0.0)
+            compression = summary.get("compression")
             return cls(
                 params=int(summary["parameters"]),
                 compute_time_s=max(0.0, compute) / accumulate,
-                compression=summary.get("compression"),
+                # PowerSGD's factors are priced by the --sync planner; its gradients are fp32
+                compression=None if compression == "powersgd" else compression,
                 overlap=bool(summary.get("overlap", False)),
                 bucket_mb=float(summary.get("bucket_mb") or 25.0),
                 accumulate=accumulate,
