@@ -12,7 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ringtree import comm
-from ringtree.parallel.pipeline.split import backward_input, backward_weight
+from ringtree.parallel.pipeline.split import (
+    SplitCache,
+    _plan,
+    _walk,
+    backward_input,
+    backward_weight,
+    node_of,
+)
 from ringtree.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from ringtree.processes import spawn
 from ringtree.train.gpt import DecoderBlock, GPTConfig
@@ -201,3 +208,88 @@ def test_a_checkpointed_stage_computes_its_weights_in_b_with_one_recomputation()
     calls[0] = 0
     backward_weight(backward_input(split(xs), dy, xs))
     assert calls[0] > 6
+
+
+class Branchy(nn.Module):
+    """Three projections of one normed input (q, k, v-like siblings), a second path when `wide`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.a, self.b, self.c = nn.RMSNorm(8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.out, self.wide = nn.Linear(8, 8), False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        y = self.a(h) * torch.sigmoid(self.b(h)) + self.c(h)
+        if self.wide:  # another graph shape: an extra use of a's weight and a tanh
+            y = y + torch.tanh(self.a(x))
+        return self.out(y)  # type: ignore[no-any-return]
+
+
+def _split_grads(
+    model: nn.Module, xs: list[torch.Tensor], dys: list[torch.Tensor], cache: SplitCache | None
+) -> Any:
+    model.zero_grad()
+    inputs = [x.clone().requires_grad_() for x in xs]
+    works = [backward_input(model(x), dy, x, cache=cache) for x, dy in zip(inputs, dys, strict=True)]
+    for work in reversed(works):
+        backward_weight(work)
+    return [x.grad for x in inputs], _grads(model)
+
+
+def test_the_cache_plans_a_shape_once_and_a_new_shape_anew_with_the_same_gradients() -> None:
+    torch.manual_seed(0)
+    model, whole = Branchy(), Branchy()
+    whole.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(3, 5, 8, generator=g) for _ in range(3)]
+    dys = [torch.randn(3, 5, 8, generator=g) for _ in range(3)]
+    cache = SplitCache()
+    for wide in (False, True):
+        model.wide = whole.wide = wide
+        plain_x, plain = _split_grads(model, xs, dys, None)  # analysed every time
+        cached_x, cached = _split_grads(model, xs, dys, cache)
+        # analysed at the first micro-batch of each shape, planned from the cache from the second on
+        assert (cache.misses, cache.hits) == ((1, 2) if not wide else (2, 4))
+        assert set(cached) == set(plain) == {n for n, _ in model.named_parameters()}
+        for n in plain:
+            assert torch.equal(cached[n], plain[n]), n
+        for a, b in zip(cached_x, plain_x, strict=True):
+            assert torch.equal(a, b)
+        whole.zero_grad()
+        for x, dy in zip(xs, dys, strict=True):
+            x = x.clone().requires_grad_()
+            torch.autograd.backward(whole(x), dy)
+        for n, p in _grads(whole).items():
+            torch.testing.assert_close(cached[n], p, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_w_runs_sibling_weights_in_one_pass_and_never_the_inputs_path_again() -> None:
+    torch.manual_seed(0)
+    model = Branchy()
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    out = model(x)
+    assert out.grad_fn is not None
+    _, plan = _plan(out.grad_fn, node_of(x), None)
+    # the norm, then a, b, c (the siblings, with their biases) together, then out
+    assert [len(p.weights) for p in plan.passes] == [1, 6, 2]
+    nodes, _, _ = _walk(out.grad_fn)
+    mids = {k for k, _ in plan.captures}
+    reach_x = [False] * len(nodes)  # nodes from which x is reachable: the input's path
+    changed = True
+    while changed:
+        changed = False
+        for k, n in enumerate(nodes):
+            hit = k == plan.x or any(c is not None and reach_x[nodes.index(c)] for c, _ in n.next_functions)
+            if hit and not reach_x[k]:
+                reach_x[k] = changed = True
+    ran: list[str] = []
+    for k, n in enumerate(nodes):
+        if reach_x[k] and k not in mids:
+            n.register_prehook(lambda _, n=n: ran.append(n.name()))  # type: ignore[misc]
+    work = backward_input(out, torch.ones_like(out), x)
+    assert len(ran) > 5, "B runs the input's path"
+    ran.clear()
+    del out
+    backward_weight(work)
+    assert ran == [], f"W ran nodes of the input's path: {ran}"

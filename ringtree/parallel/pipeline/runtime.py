@@ -28,7 +28,7 @@ from torch import nn
 
 from ringtree.comm.errors import CollectiveError
 from ringtree.parallel.pipeline.exchange import Aborted, Exchange
-from ringtree.parallel.pipeline.split import WeightWork, backward_input, backward_weight
+from ringtree.parallel.pipeline.split import SplitCache, WeightWork, backward_input, backward_weight
 from ringtree.parallel.pipeline.stash import WeightStash
 from ringtree.schedules.pipeline import SYNCHRONOUS, Action, Kind, PipelineSchedule
 
@@ -84,6 +84,7 @@ class PipelineStage:
         first = next(module.parameters(), None)
         self.device = device or (first.device if first is not None else torch.device("cpu"))
         self.exchange = Exchange(stage, self.ranks, self.device, timeout_s)
+        self.split_cache = SplitCache()  # B's graph analysis, by graph shape: once per shape, not per B
 
     def run(
         self,
@@ -211,7 +212,7 @@ class _Execution:
         grad = None if self.st.is_last else self.ex.recv("gradient", i)
         start = time.perf_counter()
         if self.split:  # B: the input's gradient only; W later
-            self.weight_work[i] = backward_input(out, grad, x, self.st.defer_weights)
+            self.weight_work[i] = backward_input(out, grad, x, self.st.defer_weights, self.st.split_cache)
             del out
             self.span("backward", i, start)
             if not self.st.is_first:

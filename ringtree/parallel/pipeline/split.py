@@ -8,17 +8,24 @@ stage_backward_input / stage_backward_weight do it:
 - B walks the stage's graph once: the nodes from which the input is reachable are the input's
   closure; a weight's path enters that closure at "intermediate" nodes (the matmul, norm or
   embedding node whose other branch leads to the weight). B asks autograd for the input's gradient
-  only (retaining the graph), and a pre-hook on every intermediate records the gradient that
-  arrives there. Autograd computes only the outputs a node's consumers need, so no weight gradient
-  is formed in B.
-- W restarts autograd at the intermediates with the recorded gradients and asks for the weights'
-  gradients, which it adds into `.grad`; the graph is freed after it.
+  and, captured on the way, the gradient arriving at every intermediate (retaining the graph).
+  Autograd computes only the outputs a node's consumers need, so no weight gradient is formed in B.
+- W restarts autograd at the intermediates with the captured gradients and asks for the weights'
+  gradients, which it adds into `.grad`; the graph is freed after it. One pass serves every group
+  of weights none of whose intermediates reaches another group's weights: a pass never walks from
+  one intermediate down the input's path to another (a row-parallel layer's reduce-scatter lies
+  between its bias's add and its matmul: it must not run again in W). A transformer block's q, k
+  and v (or gate and up) projections share a pass; a block is six passes, not nine.
 
-What W keeps: the intermediates' nodes (and through them the tensors they saved) and the recorded
+The analysis (closure, groups, passes) depends on the graph's shape only: every node's type and
+edges, in the walk's order. A `SplitCache` keeps it by shape, so a stage's later micro-batches pay
+for the walk that checks the shape, not for the analysis; a graph of another shape is analysed anew.
+
+What W keeps: the intermediates' nodes (and through them the tensors they saved) and the captured
 gradients; once the caller drops B's output, the rest of the output-side graph goes. Under activation
 checkpointing (torch's non-reentrant checkpoint) each autograd pass recomputes the segments it
-unpacks, and W is one pass per group of weights: deferring W there would recompute a segment once
-per weight, so `backward_input(..., defer=False)` computes the weights' gradients in B instead (one
+unpacks, and W is one pass per set of groups: deferring W there would recompute a segment once
+per pass, so `backward_input(..., defer=False)` computes the weights' gradients in B instead (one
 pass, one recomputation; W then has nothing left to do). A column-
 or row-parallel layer's W is a local matmul: its collectives sit on the input's path and run in B.
 Pure autograd: no collectives, no process groups.
@@ -26,31 +33,83 @@ Pure autograd: no collectives, no process groups.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch.autograd.graph import GradientEdge, Node
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+
+Shape = tuple[object, ...]  # a graph's shape: each node's type, then its edges' (child, input slot)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Weights and the intermediates where their paths enter the input's closure (a weight reached
+    from several intermediates, or an intermediate leading to several weights, joins them); nodes by
+    their place in the walk."""
+
+    intermediates: tuple[int, ...]
+    weights: tuple[int, ...]  # their gradient accumulators
+
+
+@dataclass(frozen=True)
+class _PassPlan:
+    """One pass of W: per intermediate (node, its first capture, its slots, pinned), the weights."""
+
+    intermediates: tuple[tuple[int, int, int, bool], ...]
+    weights: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What B and W do to a graph of one shape, nodes by their place in the walk: the gradients B
+    captures, (intermediate, input slot) each, and W's passes."""
+
+    x: int  # the input's node (-1: none, W runs the whole backward)
+    leaves: tuple[int, ...]  # every weight's accumulator (not x's)
+    captures: tuple[tuple[int, int], ...] = ()
+    passes: tuple[_PassPlan, ...] = ()
+
+
+class SplitCache:
+    """The plans of the graph shapes a stage has seen (at most `size`, the oldest dropped first)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size, self.hits, self.misses = size, 0, 0
+        self.plans: dict[tuple[int, Shape], Plan] = {}
+
+    def plan(self, nodes: list[Node], shape: Shape, x: int) -> Plan:
+        """The plan of a graph whose walk gave `nodes` and `shape`; analysed when the shape is new."""
+        found = self.plans.get((x, shape))
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        if len(self.plans) >= self.size:
+            del self.plans[next(iter(self.plans))]
+        made = self.plans[(x, shape)] = _analyse(nodes, x)
+        return made
 
 
 @dataclass
-class _Group:
-    """Weights and the intermediates where their paths enter the input's closure (a weight reached
-    from several intermediates, or an intermediate leading to several weights, joins them)."""
+class _Pass:
+    """One autograd pass of W: from these edges, with these gradients, to these weights."""
 
-    intermediates: list[Node]
+    edges: list[GradientEdge]
+    grads: list[torch.Tensor]
     weights: list[tuple[Node, torch.Tensor]]  # (gradient accumulator, the leaf)
-    grads: dict[int, tuple[torch.Tensor | None, ...]] = field(default_factory=dict)  # by intermediate
+    pinned: list[tuple[Node, tuple[torch.Tensor | None, ...]]]  # intermediates fed by another of their group
 
 
 @dataclass
 class WeightWork:
-    """What W needs from B: per group, the intermediates, the gradients recorded there, the weights."""
+    """What W needs from B: its passes."""
 
-    groups: list[_Group] = field(default_factory=list)
+    passes: list[_Pass] = field(default_factory=list)
     # no input to split off (the first stage): W runs the whole backward from here
     whole: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    cache: SplitCache | None = None  # the whole backward's walk: its plan (the graph's weights)
 
 
 def node_of(t: torch.Tensor) -> Node | None:
@@ -64,31 +123,64 @@ def node_of(t: torch.Tensor) -> Node | None:
     return view.next_functions[0][0]
 
 
-def _consumers(root: Node) -> dict[Node, list[Node]]:
-    """Every node of root's graph -> the nodes that feed it gradients (the graph's reverse edges)."""
-    consumers: dict[Node, list[Node]] = defaultdict(list)
-    seen, queue = {root}, deque([root])
-    while queue:
-        node = queue.popleft()
-        for child, _ in node.next_functions:
+def _walk(root: Node) -> tuple[list[Node], dict[Node, int], Shape]:
+    """root's graph breadth first: the nodes, their places, and the graph's shape."""
+    nodes, place, shape = [root], {root: 0}, list[object]()
+    for node in nodes:  # grows as it goes
+        shape.append(type(node))
+        for child, slot in node.next_functions:
             if child is None:
+                shape.append(-1)
                 continue
-            consumers[child].append(node)
-            if child not in seen:
-                seen.add(child)
-                queue.append(child)
-    return consumers
+            k = place.get(child)
+            if k is None:
+                k = place[child] = len(nodes)
+                nodes.append(child)
+            shape += (k, slot)
+    return nodes, place, tuple(shape)
 
 
-def _upward(
-    starts: Iterable[Node], consumers: dict[Node, list[Node]], stop: set[Node]
-) -> tuple[set[Node], set[Node]]:
+def _plan(root: Node, x_node: Node | None, cache: SplitCache | None) -> tuple[list[Node], Plan]:
+    nodes, place, shape = _walk(root)
+    x = -1 if x_node is None else place.get(x_node, -1)
+    return nodes, (_analyse(nodes, x) if cache is None else cache.plan(nodes, shape, x))
+
+
+def _analyse(nodes: list[Node], x: int) -> Plan:
+    """The closure of x, the groups and the passes of the graph whose walk gave `nodes`."""
+    place = {n: k for k, n in enumerate(nodes)}
+    children = [[place[c] for c, _ in n.next_functions if c is not None] for n in nodes]
+    consumers: list[list[int]] = [[] for _ in nodes]
+    for k, cs in enumerate(children):
+        for c in cs:
+            consumers[c].append(k)
+    leaves = tuple(
+        k for k, n in enumerate(nodes) if k != x and isinstance(getattr(n, "variable", None), torch.Tensor)
+    )
+    if x < 0:
+        return Plan(x, leaves)
+    inputs, _ = _upward([x], consumers, set())
+    groups = _groups(leaves, consumers, inputs)
+    captures: list[tuple[int, int]] = []
+    passes = []
+    for p in _passes(groups, children):
+        mids = []
+        for g in (groups[a] for a in p):
+            for k in g.intermediates:
+                slots = len(nodes[k]._input_metadata)  # the outputs of k's forward
+                mids.append((k, len(captures), slots, len(g.intermediates) > 1))
+                captures += [(k, slot) for slot in range(slots)]
+        passes.append(_PassPlan(tuple(mids), tuple(w for a in p for w in groups[a].weights)))
+    return Plan(x, leaves, tuple(captures), tuple(passes))
+
+
+def _upward(starts: Iterable[int], consumers: list[list[int]], stop: set[int]) -> tuple[set[int], set[int]]:
     """The nodes reachable from `starts` towards the output, not entering `stop`; and the ones of
     `stop` met on the way."""
     closure, met = set(starts), set()
     queue = deque(closure)
     while queue:
-        for up in consumers.get(queue.popleft(), ()):
+        for up in consumers[queue.popleft()]:
             if up in stop:
                 met.add(up)
             elif up not in closure:
@@ -97,62 +189,16 @@ def _upward(
     return closure, met
 
 
-def backward_input(
-    out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor, defer: bool = True
-) -> WeightWork:
-    """B: x.grad = the gradient of `out` (given its gradient `grad`; None for a loss) w.r.t. x.
-
-    Returns what W needs. When x needs no gradient (the first stage) nothing runs
-    here and W runs the whole backward. defer=False: the weights' gradients too, now, in the same
-    pass (W is then empty); for activation-checkpointed stages.
-    """
-    x_node, root = node_of(x), out.grad_fn
-    if x_node is None or root is None:
-        return WeightWork(whole=(out, grad))
-    if not defer:
-        leaves = [(n, w) for n, w in _leaves(root) if n is not x_node]
-        grads = torch.autograd.grad(out, [x, *(w for _, w in leaves)], grad, allow_unused=True)
-        if grads[0] is not None:
-            x.grad = grads[0] if x.grad is None else x.grad + grads[0]
-        _accumulate(leaves, grads[1:])
-        return WeightWork()
-    consumers = _consumers(root)
-    if x_node not in consumers and x_node is not root:
-        return WeightWork(whole=(out, grad))  # out does not depend on x
-    inputs, _ = _upward([x_node], consumers, set())
-    work = WeightWork(groups=_groups(x_node, consumers, inputs))
-    handles = [
-        n.register_prehook(_recorder(group.grads, k))
-        for group in work.groups
-        for k, n in enumerate(group.intermediates)
-    ]
-    try:
-        (dx,) = torch.autograd.grad(out, x, grad, retain_graph=True)
-    finally:
-        for h in handles:
-            h.remove()
-    x.grad = dx if x.grad is None else x.grad + dx
-    return work  # once the caller drops `out`, the graph lives on through the intermediates only
-
-
-def _groups(x_node: Node, consumers: dict[Node, list[Node]], inputs: set[Node]) -> list[_Group]:
-    """The weights of the graph, grouped by the intermediates their paths enter the input's closure at.
-
-    W runs one autograd pass per group asking for that group's weights only, so a pass never
-    walks from one intermediate down the input's path to another (a row-parallel layer's
-    reduce-scatter lies between its bias's add and its matmul: it must not run again in W).
-    """
-    owner: dict[Node, int] = {}  # intermediate -> its group's index in `groups`
-    groups: list[tuple[set[Node], list[tuple[Node, torch.Tensor]]]] = []
-    for node in consumers:
-        leaf = getattr(node, "variable", None)  # an AccumulateGrad node: a weight (or x)
-        if node is x_node or not isinstance(leaf, torch.Tensor):
-            continue
-        _, entered = _upward([node], consumers, inputs)
+def _groups(leaves: tuple[int, ...], consumers: list[list[int]], inputs: set[int]) -> tuple[_Group, ...]:
+    """The weights of the graph, grouped by the intermediates their paths enter the input's closure at."""
+    owner: dict[int, int] = {}  # intermediate -> its group's index in `groups`
+    groups: list[tuple[set[int], list[int]]] = []
+    for leaf in leaves:
+        _, entered = _upward([leaf], consumers, inputs)
         if not entered:
             continue
         joined = sorted({owner[n] for n in entered if n in owner})
-        mids, weights = set(entered), [(node, leaf)]
+        mids, weights = set(entered), [leaf]
         for k in joined:  # merge every group this weight shares an intermediate with
             mids |= groups[k][0]
             weights += groups[k][1]
@@ -160,69 +206,133 @@ def _groups(x_node: Node, consumers: dict[Node, list[Node]], inputs: set[Node]) 
         groups.append((mids, weights))
         for n in mids:
             owner[n] = len(groups) - 1
-    return [_Group(list(mids), weights) for mids, weights in groups if weights]
+    return tuple(_Group(tuple(sorted(m)), tuple(w)) for m, w in groups if w)
 
 
-def _recorder(grads: dict[int, tuple[torch.Tensor | None, ...]], k: int):  # type: ignore[no-untyped-def]
-    def record(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
-        grads[k] = tuple(grad_outputs)
+def _passes(groups: tuple[_Group, ...], children: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    """W's passes: groups share one when none of their intermediates reaches another's weights.
 
-    return record
+    Groups are placed first fit, those reaching fewest weights first: along a chain of layers each
+    reaches the ones below it, so siblings (q, k and v of one block) land in the same pass."""
+    below = []  # per group, the nodes its intermediates reach
+    for g in groups:
+        seen, queue = set(g.intermediates), deque(g.intermediates)
+        while queue:
+            for c in children[queue.popleft()]:
+                if c not in seen:
+                    seen.add(c)
+                    queue.append(c)
+        below.append(seen)
+    passes: list[list[int]] = []
+    for a in sorted(range(len(groups)), key=lambda a: len(below[a])):
+        for p in passes:
+            if not any(_reaches(below[a], groups[b]) or _reaches(below[b], groups[a]) for b in p):
+                p.append(a)
+                break
+        else:
+            passes.append([a])
+    return tuple(tuple(p) for p in passes)
+
+
+def _reaches(nodes: set[int], group: _Group) -> bool:
+    return any(w in nodes for w in group.weights)
+
+
+def backward_input(
+    out: torch.Tensor,
+    grad: torch.Tensor | None,
+    x: torch.Tensor,
+    defer: bool = True,
+    cache: SplitCache | None = None,
+) -> WeightWork:
+    """B: x.grad = the gradient of `out` (given its gradient `grad`; None for a loss) w.r.t. x.
+
+    Returns what W needs. When x needs no gradient (the first stage) nothing runs
+    here and W runs the whole backward. defer=False: the weights' gradients too, now, in the same
+    pass (W is then empty); for activation-checkpointed stages. cache: the plans of the shapes seen
+    (None: the graph is analysed every time).
+    """
+    x_node, root = node_of(x), out.grad_fn
+    if x_node is None or root is None:
+        return WeightWork(whole=(out, grad), cache=cache)
+    nodes, plan = _plan(root, x_node, cache)
+    if plan.x < 0:  # out does not depend on x
+        return WeightWork(whole=(out, grad), cache=cache)
+    if not defer:
+        leaves = [_leaf(nodes[k]) for k in plan.leaves]
+        grads = torch.autograd.grad(out, [x, *leaves], grad, allow_unused=True)
+        _add_grad(x, grads[0])
+        _accumulate(leaves, grads[1:])
+        return WeightWork()
+    edges = [GradientEdge(nodes[k], slot) for k, slot in plan.captures]
+    dx, *captured = torch.autograd.grad(
+        out, [get_gradient_edge(x), *edges], grad, retain_graph=True, allow_unused=True
+    )
+    _add_grad(x, torch.zeros_like(x) if dx is None else dx)
+    return WeightWork(passes=[_pass(nodes, p, captured) for p in plan.passes])
+
+
+def _pass(nodes: list[Node], p: _PassPlan, captured: Sequence[torch.Tensor | None]) -> _Pass:
+    """W's pass `p`, from what B captured."""
+    out = _Pass([], [], [], [])
+    for k, first, slots, pinned in p.intermediates:
+        got = tuple(captured[first : first + slots])
+        for s, g in enumerate(got):
+            if g is not None:
+                out.edges.append(GradientEdge(nodes[k], s))
+                out.grads.append(g)
+        if pinned:
+            out.pinned.append((nodes[k], got))
+    out.weights = [(nodes[w], _leaf(nodes[w])) for w in p.weights]
+    return out
+
+
+def _leaf(node: Node) -> torch.Tensor:
+    leaf = node.variable  # type: ignore[attr-defined]  # AccumulateGrad's, not in Node's stub
+    assert isinstance(leaf, torch.Tensor)
+    return leaf
 
 
 def backward_weight(work: WeightWork) -> None:
     """W: add the weights' gradients into their `.grad`, from what B recorded; frees the graph."""
     if work.whole is not None:  # like the split one, outside the weights' hooks
-        out, grad = work.whole
-        work.whole = None
-        leaves = [] if out.grad_fn is None else _leaves(out.grad_fn)
+        (out, grad), work.whole = work.whole, None
+        if out.grad_fn is None:
+            return
+        nodes, plan = _plan(out.grad_fn, None, work.cache)
+        leaves = [_leaf(nodes[k]) for k in plan.leaves]
         if leaves:
-            dws = torch.autograd.grad(out, [w for _, w in leaves], grad, allow_unused=True)
-            _accumulate(leaves, dws)
+            _accumulate(leaves, torch.autograd.grad(out, leaves, grad, allow_unused=True))
         return
-    for group in work.groups:
-        _weight_pass(group)
-    work.groups = []
+    for p in work.passes:
+        _weight_pass(p)
+    work.passes = []
 
 
-def _weight_pass(group: _Group) -> None:
-    edges, grads = [], []
-    for k, node in enumerate(group.intermediates):
-        for n, g in enumerate(group.grads.get(k, ())):
-            if g is not None:
-                edges.append(GradientEdge(node, n))
-                grads.append(g)
-    if not edges:
+def _weight_pass(p: _Pass) -> None:
+    if not p.edges:
         return
     # an intermediate may feed another of its group: each gets exactly what B recorded there, not
     # that plus what flows down from the first again
-    handles = []
-    if len(group.intermediates) > 1:
-        handles = [
-            n.register_prehook(lambda _, saved=group.grads[k]: saved)
-            for k, n in enumerate(group.intermediates)
-            if k in group.grads
-        ]
+    handles = [n.register_prehook(lambda _, saved=saved: saved) for n, saved in p.pinned]
     try:
         dws = torch.autograd.grad(
-            edges, [GradientEdge(acc, 0) for acc, _ in group.weights], grads, allow_unused=True
+            p.edges, [GradientEdge(acc, 0) for acc, _ in p.weights], p.grads, allow_unused=True
         )
     finally:
         for h in handles:
             h.remove()
-    _accumulate(group.weights, dws)
+    _accumulate([w for _, w in p.weights], dws)
 
 
-def _leaves(root: Node) -> list[tuple[Node, torch.Tensor]]:
-    """The leaves (weights) of root's graph, with their gradient accumulators."""
-    return [
-        (node, leaf)
-        for node in _consumers(root)
-        if isinstance(leaf := getattr(node, "variable", None), torch.Tensor)
-    ]
+def _add_grad(x: torch.Tensor, g: torch.Tensor | None) -> None:
+    if g is not None:
+        x.grad = g if x.grad is None else x.grad + g
 
 
-def _accumulate(weights: list[tuple[Node, torch.Tensor]], dws: tuple[torch.Tensor | None, ...]) -> None:
-    for (_, w), dw in zip(weights, dws, strict=True):
+def _accumulate(
+    weights: list[torch.Tensor], dws: tuple[torch.Tensor | None, ...] | list[torch.Tensor | None]
+) -> None:
+    for w, dw in zip(weights, dws, strict=True):
         if dw is not None:
             w.grad = dw if w.grad is None else w.grad.add_(dw)
