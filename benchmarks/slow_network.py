@@ -3,16 +3,21 @@
 
 Three emulated nodes, one rank each (`ringtree emulate --nodes 3 --nproc-per-node 1`), their links
 shaped at each `--rates` value. Every method trains the same model on the same samples (same epochs,
-batch and seed): DDP, DDP with bf16 buckets, PowerSGD (rank 4), local SGD, DiLoCo (H = 16 and 64)
-and Streaming DiLoCo (2 fragments, as the mlp has 3 layers; one overlapped step, fp8 on the wire),
-and `compute`, the same three ranks without communication (local SGD that averages only at the start
+batch and seed): by default `wide-mlp` (`ringtree.train.models:wide_mlp`, 216,586 parameters, 866 kB
+of fp32 gradients) on all of each rank's 480 digits a step, so that DDP's step at 100 Mbit/s is
+mostly communication. The methods: DDP, DDP with bf16 buckets, PowerSGD (rank 4), local SGD, DiLoCo
+(H = 16 and 64) and Streaming DiLoCo (4 fragments, one overlapped step, fp8 on the wire), and
+`compute`, the same three ranks without communication (local SGD that averages only at the start
 and the end), whose samples/s is the denominator of every compute utilisation. For each run:
 samples/s, the bytes each node's interface really sent during the job (the kernel's counters, from
-`ringtree emulate --json`'s `link_bytes`, not ringtree's own bookkeeping) per optimizer step,
-held-out loss and accuracy, and the planner's samples/s for the same method (`ringtree plan --params
-... --compute-time T --sync ...`, T the compute run's step time), set beside the measurement. Rounds
-interleave the methods so that load drift hits every row alike; each row is the median over rounds.
-Needs root or CAP_NET_ADMIN. Run it alone, under the shared lock:
+`ringtree emulate --json`'s `link_bytes`, not ringtree's own bookkeeping) per optimizer step and
+per synchronisation between the replicas (the run's bytes less the compute run's, over the syncs it
+made beyond the compute run's), held-out loss and accuracy, and the planner's samples/s for the same
+method (`ringtree plan --module ... --compute-time T --calibration C --sync ...`, T the compute run's
+step, C the shaped links as `ringtree bench` of the trainer's ring measured them on the same emulated
+cluster, fitted by `ringtree calibrate`), set beside the measurement. Rounds interleave the methods
+so that load drift hits every row alike; each row is the median over rounds. Needs root or
+CAP_NET_ADMIN. Run it alone, under the shared lock:
 
     flock /tmp/ringtree-bench.lock python benchmarks/slow_network.py --json docs/data/slow-network.json
 """
@@ -32,7 +37,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 3
-MODULES = {"mlp": "ringtree.train.models:MLP"}  # the planner counts (and PowerSGD splits) its tensors
+# model -> (what `train --model` takes, the planner's `--module`: it counts and splits its tensors)
+MODELS = {
+    "wide-mlp": ("ringtree.train.models:wide_mlp", "ringtree.train.models:wide_mlp"),
+    "mlp": ("mlp", "ringtree.train.models:MLP"),
+}
 
 # method -> the train flags that select it (every run adds the same model, data and budget)
 METHODS: dict[str, list[str]] = {
@@ -43,11 +52,13 @@ METHODS: dict[str, list[str]] = {
     "local-sgd-h16": ["--sync", "local-sgd", "--inner-steps", "16"],
     "diloco-h16": ["--sync", "diloco", "--inner-steps", "16"],
     "diloco-h64": ["--sync", "diloco", "--inner-steps", "64"],
-    "streaming-f2": [
-        *("--sync", "streaming-diloco", "--inner-steps", "64", "--fragments", "2"),
+    "streaming-f4": [
+        *("--sync", "streaming-diloco", "--inner-steps", "64", "--fragments", "4"),
         *("--overlap-steps", "1", "--outer-dtype", "fp8"),
     ],
 }
+# a Streaming DiLoCo method -> the DiLoCo method of the same H its bytes per sync are measured against
+STREAMING_BASE = {"streaming-f4": "diloco-h64"}
 # method -> the planner's words for it, where they differ from train's (--sync is the same word)
 PLANNED: dict[str, list[str]] = {
     "compute": [],
@@ -66,7 +77,7 @@ def ringtree(*args: str) -> str:
 
 
 def train_args(args: argparse.Namespace, method: str, out: Path) -> list[str]:
-    budget = ["--model", args.model, "--epochs", str(args.epochs), "--seed", str(args.seed)]
+    budget = ["--model", MODELS[args.model][0], "--epochs", str(args.epochs), "--seed", str(args.seed)]
     if args.batch_size:
         budget += ["--batch-size", str(args.batch_size)]
     return ["train", *budget, *METHODS[method], "--no-progress", "--json", str(out)]
@@ -102,23 +113,38 @@ def measure(
         "reported_bytes_per_step": summary.get("inter_node_bytes_per_step"),
         "parameters": int(summary["parameters"]),
         "global_batch": int(summary["batch_size"]) * int(summary["world_size"]),
+        "algorithm": str(summary["algorithm"]),
+        "outer_syncs": summary.get("outer_syncs"),
     }
 
 
+def calibrate(rate: str, work: Path) -> dict[str, Any]:
+    """The shaped links as ringtree's own all-reduce sees them: `ringtree bench` of the trainer's
+    ring on the emulated cluster, 1 KiB to 4 MiB, fitted by `ringtree calibrate` (the file the
+    planner's `--calibration` reads: the fitted link and the measured times)."""
+    bench, fitted = work / f"bench-{rate}.json", work / f"calibration-{rate}.json"
+    ringtree(
+        "emulate", "--nodes", str(NODES), "--nproc-per-node", "1", "--inter-bw", rate, "--no-measure", "--",
+        "bench", "--algorithms", "ring", "--min-bytes", "1K", "--max-bytes", "4M", "--step-factor", "4",
+        "--iters", "10", "--json", str(bench),
+    )  # fmt: skip
+    ringtree("calibrate", str(bench), "--out", str(fitted))
+    return {"bench": json.loads(bench.read_text()), "fit": json.loads(fitted.read_text())}
+
+
 def predicted_samples_per_s(
-    method: str, links: list[dict[str, Any]], compute_step_s: float, row: dict[str, Any]
+    method: str, calibration: dict[str, Any], compute_step_s: float, row: dict[str, Any]
 ) -> float | None:
-    """The planner's samples/s for the method on the links as measured, from the compute run's step."""
+    """The planner's samples/s for the method on the calibrated links, from the compute run's step."""
     if method == "compute":
         return None
-    gbps = statistics.median(x["measured_gbps"] for x in links)
-    latency_us = statistics.median(x["latency_us"] for x in links)
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "plan.json"
-        link = f"bw={gbps * 1e3 / 8:.4g}MB/s,lat={latency_us:.0f}us"
+        out, fitted = Path(tmp) / "plan.json", Path(tmp) / "calibration.json"
+        fitted.write_text(json.dumps(calibration["fit"]))
         ringtree(
-            "plan", "--module", MODULES[row["model"]], "--compute-time", f"{compute_step_s:.6g}",
-            "--nodes", str(NODES), "--gpus-per-node", "1", "--intra", "pcie-gen3", "--inter", link,
+            "plan", "--module", MODELS[row["model"]][1], "--compute-time", f"{compute_step_s:.6g}",
+            "--nodes", str(NODES), "--gpus-per-node", "1", "--intra", "pcie-gen3",
+            "--calibration", str(fitted), "--algorithm", row["algorithm"],
             *PLANNED.get(method, METHODS[method]),
             "--json", str(out),
         )  # fmt: skip
@@ -137,7 +163,7 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def summarise(rows: list[dict[str, Any]], links: dict[str, Any]) -> list[dict[str, Any]]:
+def summarise(rows: list[dict[str, Any]], calibrations: dict[str, Any]) -> list[dict[str, Any]]:
     """Compute utilisation, bytes against DDP's, the planner beside each row."""
     for rate in sorted({r["inter_bw"] for r in rows}):
         mine = {r["method"]: r for r in rows if r["inter_bw"] == rate}
@@ -146,16 +172,44 @@ def summarise(rows: list[dict[str, Any]], links: dict[str, Any]) -> list[dict[st
             if compute:
                 r["compute_utilisation"] = r["samples_per_s"] / compute["samples_per_s"]
                 r["predicted_samples_per_s"] = predicted_samples_per_s(
-                    r["method"], links[rate], compute["step_time_s"], r
+                    r["method"], calibrations[rate], compute["step_time_s"], r
                 )
                 if r["predicted_samples_per_s"]:
                     r["predicted_over_measured"] = r["predicted_samples_per_s"] / r["samples_per_s"]
+            if compute and r.get("outer_syncs") and r["method"] not in STREAMING_BASE:
+                r["link_bytes_per_sync"] = bytes_per_sync(r, compute)
             if ddp:
                 r["speed_vs_ddp"] = r["samples_per_s"] / ddp["samples_per_s"]
                 r["bytes_vs_ddp"] = r["link_bytes_per_step"] / ddp["link_bytes_per_step"]
                 if r["accuracy"] is not None and ddp["accuracy"] is not None:
                     r["accuracy_vs_ddp_points"] = 100 * (r["accuracy"] - ddp["accuracy"])
+        for method, base in STREAMING_BASE.items():
+            if method in mine and mine.get(base, {}).get("link_bytes_per_sync"):
+                mine[method]["link_bytes_per_sync"] = fragment_bytes_per_sync(mine[method], mine[base])
+                mine[method]["sync_bytes_vs_diloco"] = (
+                    mine[method]["link_bytes_per_sync"] / mine[base]["link_bytes_per_sync"]
+                )
     return rows
+
+
+def bytes_per_sync(row: dict[str, Any], compute: dict[str, Any]) -> float | None:
+    """What one synchronisation between the replicas put on the interface: the run's bytes less the
+    compute run's (the same start, end and small collectives, one sync fewer per sync it lacks),
+    over the syncs the run made beyond the compute run's."""
+    extra = int(row["outer_syncs"]) - int(compute["outer_syncs"])
+    if extra <= 0:
+        return None
+    more = row["link_bytes_per_step"] * row["steps"] - compute["link_bytes_per_step"] * compute["steps"]
+    return float(more) / extra
+
+
+def fragment_bytes_per_sync(row: dict[str, Any], diloco: dict[str, Any]) -> float:
+    """What one fragment's synchronisation put on the interface: Streaming DiLoCo's bytes less
+    DiLoCo's at the same H (the same start and small collectives), plus DiLoCo's own syncs (their
+    bytes per sync measured against the compute run), over the fragment syncs. Both end with every
+    fragment synchronised, the fragments that did not just synchronise in Streaming's dtype."""
+    less = row["link_bytes_per_step"] * row["steps"] - diloco["link_bytes_per_step"] * diloco["steps"]
+    return float(less + int(diloco["outer_syncs"]) * diloco["link_bytes_per_sync"]) / int(row["outer_syncs"])
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -166,8 +220,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     out = [
         "| link | method | samples/s | compute util. | x DDP | bytes/step (interface) | x DDP's | "
-        "accuracy | vs DDP (points) | test loss | planner samples/s | planner / measured |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "bytes/sync | accuracy | vs DDP (points) | test loss | planner samples/s | planner / measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [
@@ -178,6 +232,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f(r.get("speed_vs_ddp"), ".2f"),
             f(r["link_bytes_per_step"], ",.0f"),
             f(r.get("bytes_vs_ddp"), ".4f"),
+            f(r.get("link_bytes_per_sync"), ",.0f"),
             f(r["accuracy"], ".4f"),
             f(r.get("accuracy_vs_ddp_points"), "+.1f"),
             f(r["test_loss"], ".3f"),
@@ -205,16 +260,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, required=True, help="Write the rows here.")
     p.add_argument("--table", action="store_true", help="Only print --json's rows as a markdown table.")
+    p.add_argument(
+        "--append", action="store_true", help="Add --repeats rounds to --json's .runs.json (same links)."
+    )
+    p.add_argument("--replan", action="store_true", help="Only recompute --json from its .runs.json.")
     p.add_argument("--rates", default="100mbit,1gbit", help="Inter-node link rates, comma-separated.")
     p.add_argument("--methods", default=",".join(METHODS), help="Methods, comma-separated.")
-    p.add_argument("--model", default="mlp", choices=list(MODULES))
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=0, help="Per rank; 0: the model's recipe.")
+    p.add_argument("--model", default="wide-mlp", choices=list(MODELS))
+    p.add_argument("--epochs", type=int, default=640, help="At 480 a rank: one step an epoch.")
+    p.add_argument("--batch-size", type=int, default=480, help="Per rank; 0: the model's recipe.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="Rounds; each row is the median over them.")
     args = p.parse_args()
     if args.table:
         print(table(json.loads(args.json.read_text())["rows"]))
+        return
+    if args.replan:
+        replan(args.json, json.loads(args.json.with_suffix(".runs.json").read_text()))
         return
     if not args.json.parent.is_dir():
         sys.exit(f"--json: the folder {args.json.parent} does not exist")
@@ -222,26 +284,50 @@ def main() -> None:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         sys.exit(f"--methods: unknown {unknown[0]!r}; known: {', '.join(METHODS)}")
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    links: dict[str, Any] = {}
+    raw: dict[str, Any] = {"environment": environment(), "links": {}, "calibrations": {}, "runs": []}
+    if args.append:  # more rounds on the same links: the rows become medians over all of them
+        raw = json.loads(args.json.with_suffix(".runs.json").read_text())
+    first = 1 + max((int(r.get("round", 0)) for r in raw["runs"]), default=-1)
     with tempfile.TemporaryDirectory(prefix="ringtree-slow-network-") as tmp:
-        for k in range(args.repeats):
+        for k in range(first, first + args.repeats):
             for rate in args.rates.split(","):
+                if rate not in raw["calibrations"]:
+                    raw["calibrations"][rate] = calibrate(rate, Path(tmp))
                 for method in methods:
-                    run = measure(args, method, rate, Path(tmp), f"-r{k}", links)
+                    run = measure(args, method, rate, Path(tmp), f"-r{k}", raw["links"]) | {"round": k}
                     print(json.dumps(run), flush=True)
-                    runs.setdefault((rate, method), []).append(run)
-            raw = {
-                "environment": environment(),
-                "links": links,
-                "runs": [r for v in runs.values() for r in v],
-            }
-            args.json.with_suffix(".runs.json").write_text(
-                json.dumps(raw, indent=1) + "\n"
-            )  # kept if the plans fail
-            rows = summarise([median_row(v) for v in runs.values()], links)
-            record = {"environment": environment(), "links": links, "rows": rows}
-            args.json.write_text(json.dumps(record, indent=1) + "\n")
+                    raw["runs"].append(run)
+            raw["environment"] = environment()
+            write_json(args.json.with_suffix(".runs.json"), raw)  # kept if the plans fail
+            replan(args.json, raw)
+
+
+def replan(path: Path, raw: dict[str, Any]) -> None:
+    """The median row of each (link, method) with the planner beside it, written to `path`; links
+    not calibrated yet (a record of an earlier version) are, and kept in the runs' record."""
+    runs: list[dict[str, Any]] = raw["runs"]
+    calibrations = raw.setdefault("calibrations", {})
+    missing = sorted({r["inter_bw"] for r in runs} - set(calibrations))
+    if missing:
+        with tempfile.TemporaryDirectory(prefix="ringtree-slow-network-") as tmp:
+            for rate in missing:
+                calibrations[rate] = calibrate(rate, Path(tmp))
+        write_json(path.with_suffix(".runs.json"), raw)
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        r.setdefault("algorithm", "ring")  # the trainer's default, before the runs recorded it
+        grouped.setdefault((r["inter_bw"], r["method"]), []).append(r)
+    rows = summarise([median_row(v) for v in grouped.values()], calibrations)
+    record = {"environment": raw["environment"], "links": raw["links"], "rows": rows}
+    record["calibrated_links"] = {
+        rate: {k: c["fit"][k] for k in ("inter_alpha_s", "inter_bandwidth_Bps", "rms_rel_error")}
+        for rate, c in calibrations.items()
+    }
+    write_json(path, record)
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
