@@ -1,4 +1,5 @@
-"""benchmarks/slow_network.py's arithmetic: medians over rounds, ratios against DDP, the table."""
+"""benchmarks/slow_network.py's arithmetic: medians over rounds, ratios against DDP, bytes per
+synchronisation from the interface, the table."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from typing import Any
 from benchmark_scripts import load
 
 
-def _run(method: str, samples_per_s: float, sent: float, accuracy: float) -> dict[str, Any]:
+def _run(
+    method: str, samples_per_s: float, sent: float, accuracy: float, syncs: int | None = None
+) -> dict[str, Any]:
     return {
-        "method": method, "model": "mlp", "inter_bw": "100mbit", "samples_per_s": samples_per_s,
+        "method": method, "model": "wide-mlp", "inter_bw": "100mbit", "samples_per_s": samples_per_s,
         "step_time_s": 96 / samples_per_s,
-        "steps": 300, "accuracy": accuracy, "test_loss": 0.1, "link_bytes_per_step": sent,
-        "reported_bytes_per_step": None, "parameters": 26122, "global_batch": 96,
+        "steps": 640, "accuracy": accuracy, "test_loss": 0.1, "link_bytes_per_step": sent,
+        "reported_bytes_per_step": None, "parameters": 216586, "global_batch": 96, "algorithm": "ring",
+        "outer_syncs": syncs,
     }  # fmt: skip
 
 
@@ -21,9 +25,24 @@ def test_rows_are_medians_and_ratios_are_against_ddp() -> None:
     ddp = bench.median_row([_run("ddp", 6000, 150_000, 0.97), _run("ddp", 5000, 150_000, 0.97),
                             _run("ddp", 7000, 150_000, 0.97)])  # fmt: skip
     assert ddp["samples_per_s"] == 6000 and ddp["rounds"] == 3
-    diloco = bench.median_row([_run("diloco-h64", 45_000, 2_400, 0.96)])
-    rows = bench.summarise([ddp, diloco], links={})  # no compute run: no utilisation, no planner
+    diloco = bench.median_row([_run("diloco-h64", 45_000, 2_400, 0.96, syncs=10)])
+    rows = bench.summarise([ddp, diloco], calibrations={})  # no compute run: no utilisation, no planner
     assert rows[1]["speed_vs_ddp"] == 7.5 and rows[1]["bytes_vs_ddp"] == 0.016
     assert abs(rows[1]["accuracy_vs_ddp_points"] - (-1.0)) < 1e-9 and "compute_utilisation" not in rows[1]
+    assert "link_bytes_per_sync" not in rows[1]  # it needs the compute run's bytes
     text = bench.table(rows)
-    assert "| 100mbit | diloco-h64 | 45,000 | - | 7.50 | 2,400 | 0.0160 | 0.9600 | -1.0 |" in text
+    assert "| 100mbit | diloco-h64 | 45,000 | - | 7.50 | 2,400 | 0.0160 | - | 0.9600 | -1.0 |" in text
+
+
+def test_bytes_per_sync_take_out_what_every_run_sends() -> None:
+    bench = load("slow_network")
+    base = 1_000_000 + 640 * 100  # what every run sends: the start's copy, small collectives a step
+    # the compute run: one sync (training's end) of 1,000,000 bytes; DiLoCo: 10
+    compute = _run("compute", 50_000, (base + 1 * 1_000_000) / 640, 0.97, syncs=1)
+    diloco = _run("diloco-h64", 45_000, (base + 10 * 1_000_000) / 640, 0.97, syncs=10)
+    assert abs(bench.bytes_per_sync(diloco, compute) - 1_000_000) < 1e-6
+    assert bench.bytes_per_sync(compute, compute) is None  # no sync beyond the compute run's
+    # Streaming DiLoCo at the same H: 43 fragment syncs of 60,000 bytes
+    streaming = _run("streaming-f4", 48_000, (base + 43 * 60_000) / 640, 0.97, syncs=43)
+    diloco["link_bytes_per_sync"] = bench.bytes_per_sync(diloco, compute)
+    assert abs(bench.fragment_bytes_per_sync(streaming, diloco) - 60_000) < 1e-6
