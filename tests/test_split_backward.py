@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -148,7 +149,10 @@ def _tp(rank: int, sequence_parallel: bool, segments: int) -> dict[str, Any]:
     dy = torch.randn_like(x)
     xw, xs = x.clone().requires_grad_(), x.clone().requires_grad_()
     torch.autograd.backward(whole(xw), dy)
-    work = backward_input(split(xs), dy, xs)
+    out = split(xs)
+    linears = len(_plan(out.grad_fn, node_of(xs), None)[1].linears)
+    work = backward_input(out, dy, xs)
+    del out
     b_grads = _grads(split)
     calls: list[str] = []
     for name in ("all_reduce", "all_gather", "reduce_scatter"):  # count W's collectives
@@ -161,6 +165,7 @@ def _tp(rank: int, sequence_parallel: bool, segments: int) -> dict[str, Any]:
         "whole": _grads(whole),
         "split": _grads(split),
         "calls": calls,
+        "linears": linears,
     }
 
 
@@ -171,6 +176,7 @@ def test_tensor_parallel_layers_split_without_collectives_in_w(
     for r in spawn(_tp, 2, (sequence_parallel, segments), timeout_s=60):
         torch.testing.assert_close(*r["x"])
         assert r["b"] == {} and r["calls"] == []
+        assert r["linears"] == 2, "both layers' weights direct (the row-parallel bias by autograd)"
         assert set(r["split"]) == set(r["whole"]) and r["whole"]
         for n, p in r["whole"].items():
             torch.testing.assert_close(r["split"][n], p, rtol=1e-5, atol=1e-6, msg=n)
@@ -264,15 +270,19 @@ def test_the_cache_plans_a_shape_once_and_a_new_shape_anew_with_the_same_gradien
             torch.testing.assert_close(cached[n], p, rtol=1e-5, atol=1e-6, msg=n)
 
 
-def test_w_runs_sibling_weights_in_one_pass_and_never_the_inputs_path_again() -> None:
+@pytest.mark.parametrize("direct", [False, True])
+def test_w_runs_sibling_weights_in_one_pass_and_never_the_inputs_path_again(direct: bool) -> None:
     torch.manual_seed(0)
     model = Branchy()
     x = torch.randn(3, 5, 8, requires_grad=True)
     out = model(x)
     assert out.grad_fn is not None
-    _, plan = _plan(out.grad_fn, node_of(x), None)
-    # the norm, then a, b, c (the siblings, with their biases) together, then out
-    assert [len(p.weights) for p in plan.passes] == [1, 6, 2]
+    cache = SplitCache(direct=direct)
+    _, plan = _plan(out.grad_fn, node_of(x), cache)
+    if direct:  # the norm by autograd; a, b, c and out as G^T X
+        assert [len(p.weights) for p in plan.passes] == [1] and len(plan.linears) == 4
+    else:  # the norm, then a, b, c (the siblings, with their biases) together, then out
+        assert [len(p.weights) for p in plan.passes] == [1, 6, 2] and plan.linears == ()
     nodes, _, _ = _walk(out.grad_fn)
     mids = {k for k, _ in plan.captures}
     reach_x = [False] * len(nodes)  # nodes from which x is reachable: the input's path
@@ -287,9 +297,100 @@ def test_w_runs_sibling_weights_in_one_pass_and_never_the_inputs_path_again() ->
     for k, n in enumerate(nodes):
         if reach_x[k] and k not in mids:
             n.register_prehook(lambda _, n=n: ran.append(n.name()))  # type: ignore[misc]
-    work = backward_input(out, torch.ones_like(out), x)
+    work = backward_input(out, torch.ones_like(out), x, cache=cache)
     assert len(ran) > 5, "B runs the input's path"
     ran.clear()
     del out
     backward_weight(work)
     assert ran == [], f"W ran nodes of the input's path: {ran}"
+
+
+# -- linear layers: W computes their weights as G^T X, without autograd -------------------------
+
+
+class Linears(nn.Module):
+    """Linear layers with and without a bias, on [b, t, d] and [n, d] inputs, and a norm."""
+
+    def __init__(self, shared: bool = False) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 8, bias=False)
+        self.norm, self.c, self.shared = nn.LayerNorm(8), nn.Linear(8, 8), shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.b(torch.tanh(self.a(x)))
+        if self.shared:  # a's weight used again: its gradient has two paths, W takes autograd's
+            h = h + F.linear(h, self.a.weight[:8, :8])
+        return self.c(self.norm(h).flatten(0, 1)).view_as(x)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_w_computes_linear_weights_directly_and_matches_one_backward(shared: bool) -> None:
+    torch.manual_seed(0)
+    split = Linears(shared)
+    whole = copy.deepcopy(split)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(3, 5, 8, generator=g) for _ in range(2)]
+    dys = [torch.randn(3, 5, 8, generator=g) for _ in range(2)]
+    for x, dy in zip(xs, dys, strict=True):
+        torch.autograd.backward(whole(x.clone().requires_grad_()), dy)
+    x = xs[0].clone().requires_grad_()
+    out = split(x)
+    assert out.grad_fn is not None
+    _, plan = _plan(out.grad_fn, node_of(x), None)
+    assert len(plan.linears) == (2 if shared else 3)  # a (unless shared), b and c
+    assert [len(p.weights) for p in plan.passes] == ([2, 2] if shared else [2])  # the norm; shared a
+    # gradient accumulation: two micro-batches' W add into .grad, in either order
+    works = [backward_input(out, dys[0], x)]
+    x1 = xs[1].clone().requires_grad_()
+    works.append(backward_input(split(x1), dys[1], x1))
+    assert _grads(split) == {}, "B computed weight gradients"
+    del out
+    calls: list[int] = []
+    original = torch.autograd.grad
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return original(*a, **k)
+
+    torch.autograd.grad = counted  # type: ignore[assignment]
+    try:
+        for work in reversed(works):
+            backward_weight(work)
+    finally:
+        torch.autograd.grad = original
+    assert len(calls) == 2 * len(plan.passes), "W ran autograd for the norm (and a shared weight) only"
+    expected, got = _grads(whole), _grads(split)
+    assert set(got) == set(expected) == {n for n, _ in whole.named_parameters()}
+    for n in expected:
+        torch.testing.assert_close(got[n], expected[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("segments", [0, 2])
+def test_w_frees_what_the_forward_saved_once_done(segments: int) -> None:
+    torch.manual_seed(0)
+    model = Blocks([nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8, bias=False), nn.LayerNorm(8)], segments)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+
+    class Saved:
+        def __init__(self, t: torch.Tensor) -> None:
+            self.t = t
+
+    held: list[weakref.ref[Saved]] = []
+
+    def pack(t: torch.Tensor) -> Saved:
+        s = Saved(t.detach())  # an output itself would make a cycle: node, saved, output, node
+        held.append(weakref.ref(s))
+        return s
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda s: s.t):
+        out = model(x)
+    whole = copy.deepcopy(model)
+    torch.autograd.backward(whole(x.detach().requires_grad_()), torch.ones_like(out))
+    work = backward_input(out, torch.ones_like(out), x)
+    del out
+    assert held and any(r() is not None for r in held), "W's inputs kept until W"
+    backward_weight(work)
+    assert work.linears == [] and work.passes == []
+    assert all(r() is None for r in held), "W freed what the forward saved"
+    for n, p in _grads(whole).items():
+        torch.testing.assert_close(_grads(model)[n], p, rtol=1e-5, atol=1e-6, msg=n)

@@ -185,7 +185,9 @@ class _Execution:
             if ptr not in params and ptr not in counted:  # activations only, not weights
                 counted.add(ptr)
                 self.saved_bytes[i] += t.untyped_storage().nbytes()
-            return t
+            # not t: a node saving its own output would hold it, its grad_fn the node, a cycle that
+            # outlives the graph (a split backward's B retains what only dropping the graph frees)
+            return t.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = self.st.module(x) if self.stash is None else self.stash.forward(i, a.version, x)

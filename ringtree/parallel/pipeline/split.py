@@ -10,25 +10,34 @@ stage_backward_input / stage_backward_weight do it:
   embedding node whose other branch leads to the weight). B asks autograd for the input's gradient
   and, captured on the way, the gradient arriving at every intermediate (retaining the graph).
   Autograd computes only the outputs a node's consumers need, so no weight gradient is formed in B.
-- W restarts autograd at the intermediates with the captured gradients and asks for the weights'
-  gradients, which it adds into `.grad`; the graph is freed after it. One pass serves every group
-  of weights none of whose intermediates reaches another group's weights: a pass never walks from
-  one intermediate down the input's path to another (a row-parallel layer's reduce-scatter lies
-  between its bias's add and its matmul: it must not run again in W). A transformer block's q, k
-  and v (or gate and up) projections share a pass; a block is six passes, not nine.
+- W computes a linear layer's weights directly, as the zero-bubble paper does: where a weight W
+  (and its bias b) enters the closure at a single matmul of its own, y = x W^T (+ b) as one addmm
+  or mm node (nn.Linear's, a column- or row-parallel layer's local matmul), W is G^T x from the
+  gradient G captured at that node and the input x it saved, and b's gradient is G summed over the
+  tokens: no autograd pass. These run first: an autograd pass walking through such a matmul would
+  free its input.
+- For the other weights (norms, embeddings, a weight used twice, a row-parallel bias added after
+  the reduction) W restarts autograd at the intermediates with the captured gradients and asks for
+  the weights' gradients, which it adds into `.grad`; the graph is freed after it. One pass serves
+  every group of weights none of whose intermediates reaches another group's weights: a pass never
+  walks from one intermediate down the input's path to another (a row-parallel layer's
+  reduce-scatter lies between its bias's add and its matmul: it must not run again in W). By
+  autograd alone (SplitCache(direct=False)) a transformer block's q, k and v (or gate and up)
+  projections share a pass, a block being six passes; with the linear layers direct, two (its norms).
 
 The analysis (closure, groups, passes) depends on the graph's shape only: every node's type and
 edges, in the walk's order. A `SplitCache` keeps it by shape, so a stage's later micro-batches pay
 for the walk that checks the shape, not for the analysis; a graph of another shape is analysed anew.
 
-What W keeps: the intermediates' nodes (and through them the tensors they saved) and the captured
-gradients; once the caller drops B's output, the rest of the output-side graph goes. Under activation
-checkpointing (torch's non-reentrant checkpoint) each autograd pass recomputes the segments it
-unpacks, and W is one pass per set of groups: deferring W there would recompute a segment once
-per pass, so `backward_input(..., defer=False)` computes the weights' gradients in B instead (one
-pass, one recomputation; W then has nothing left to do). A column-
-or row-parallel layer's W is a local matmul: its collectives sit on the input's path and run in B.
-Pure autograd: no collectives, no process groups.
+What W keeps: the intermediates' nodes (and through them the tensors they saved, a linear layer's
+input among them) and the captured gradients, dropped as W uses them; once the caller drops B's
+output, the rest of the output-side graph goes. Under activation checkpointing (torch's
+non-reentrant checkpoint) each autograd pass recomputes the segments it unpacks, and W is one pass
+per set of groups: deferring W there would recompute a segment once per pass (and each linear
+layer's input read outside a pass once), so `backward_input(..., defer=False)` computes the
+weights' gradients in B instead (one pass, one recomputation; W then has nothing left to do). A
+column- or row-parallel layer's W is a local matmul: its collectives sit on the input's path and
+run in B. No collectives, no process groups.
 """
 
 from __future__ import annotations
@@ -62,21 +71,37 @@ class _PassPlan:
 
 
 @dataclass(frozen=True)
+class _LinearPlan:
+    """A linear layer's weights, computed in W without autograd: its matmul node (addmm with the
+    bias, mm without), the capture of the gradient arriving there, and the weight's and the bias's
+    accumulators (-1: no bias)."""
+
+    node: int
+    capture: int
+    weight: int
+    bias: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """What B and W do to a graph of one shape, nodes by their place in the walk: the gradients B
-    captures, (intermediate, input slot) each, and W's passes."""
+    captures, (intermediate, input slot) each, the linear layers W computes directly and W's
+    autograd passes."""
 
     x: int  # the input's node (-1: none, W runs the whole backward)
     leaves: tuple[int, ...]  # every weight's accumulator (not x's)
     captures: tuple[tuple[int, int], ...] = ()
     passes: tuple[_PassPlan, ...] = ()
+    linears: tuple[_LinearPlan, ...] = ()
 
 
 class SplitCache:
-    """The plans of the graph shapes a stage has seen (at most `size`, the oldest dropped first)."""
+    """The plans of the graph shapes a stage has seen (at most `size`, the oldest dropped first).
 
-    def __init__(self, size: int = 8) -> None:
-        self.size, self.hits, self.misses = size, 0, 0
+    direct=False: W computes linear layers' weights by autograd too (to compare with the direct path)."""
+
+    def __init__(self, size: int = 8, direct: bool = True) -> None:
+        self.size, self.hits, self.misses, self.direct = size, 0, 0, direct
         self.plans: dict[tuple[int, Shape], Plan] = {}
 
     def plan(self, nodes: list[Node], shape: Shape, x: int) -> Plan:
@@ -88,7 +113,7 @@ class SplitCache:
         self.misses += 1
         if len(self.plans) >= self.size:
             del self.plans[next(iter(self.plans))]
-        made = self.plans[(x, shape)] = _analyse(nodes, x)
+        made = self.plans[(x, shape)] = _analyse(nodes, x, self.direct)
         return made
 
 
@@ -103,10 +128,22 @@ class _Pass:
 
 
 @dataclass
+class _Linear:
+    """A linear layer's W: its matmul node (holding the layer's input), the gradient of its output,
+    the weight, the bias (None: none)."""
+
+    node: Node
+    grad: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+@dataclass
 class WeightWork:
-    """What W needs from B: its passes."""
+    """What W needs from B: its linear layers and its passes."""
 
     passes: list[_Pass] = field(default_factory=list)
+    linears: list[_Linear] = field(default_factory=list)
     # no input to split off (the first stage): W runs the whole backward from here
     whole: tuple[torch.Tensor, torch.Tensor | None] | None = None
     cache: SplitCache | None = None  # the whole backward's walk: its plan (the graph's weights)
@@ -146,8 +183,9 @@ def _plan(root: Node, x_node: Node | None, cache: SplitCache | None) -> tuple[li
     return nodes, (_analyse(nodes, x) if cache is None else cache.plan(nodes, shape, x))
 
 
-def _analyse(nodes: list[Node], x: int) -> Plan:
-    """The closure of x, the groups and the passes of the graph whose walk gave `nodes`."""
+def _analyse(nodes: list[Node], x: int, direct: bool = True) -> Plan:
+    """The closure of x, the groups, the linear layers (direct: else none) and the passes of the
+    graph whose walk gave `nodes`."""
     place = {n: k for k, n in enumerate(nodes)}
     children = [[place[c] for c, _ in n.next_functions if c is not None] for n in nodes]
     consumers: list[list[int]] = [[] for _ in nodes]
@@ -162,6 +200,16 @@ def _analyse(nodes: list[Node], x: int) -> Plan:
     inputs, _ = _upward([x], consumers, set())
     groups = _groups(leaves, consumers, inputs)
     captures: list[tuple[int, int]] = []
+    linears, rest = [], []
+    for g in groups:
+        found = _linear(g, nodes, place, consumers) if direct else None
+        if found is None:
+            rest.append(g)
+            continue
+        k, w, b = found
+        linears.append(_LinearPlan(k, len(captures), w, b))
+        captures.append((k, 0))
+    groups = tuple(rest)
     passes = []
     for p in _passes(groups, children):
         mids = []
@@ -171,7 +219,41 @@ def _analyse(nodes: list[Node], x: int) -> Plan:
                 mids.append((k, len(captures), slots, len(g.intermediates) > 1))
                 captures += [(k, slot) for slot in range(slots)]
         passes.append(_PassPlan(tuple(mids), tuple(w for a in p for w in groups[a].weights)))
-    return Plan(x, leaves, tuple(captures), tuple(passes))
+    return Plan(x, leaves, tuple(captures), tuple(passes), tuple(linears))
+
+
+# a matmul node's edges: (its weight's, its bias's (-1: none)); its saved input is _INPUT's
+_MATMULS = {"AddmmBackward0": (2, 0), "MmBackward0": (1, -1)}
+_INPUT = {"AddmmBackward0": "_saved_mat1", "MmBackward0": "_saved_self"}
+
+
+def _linear(
+    g: _Group, nodes: list[Node], place: dict[Node, int], consumers: list[list[int]]
+) -> tuple[int, int, int] | None:
+    """(the matmul, the weight's, the bias's accumulator or -1) when g is one linear layer's weights:
+    y = x W^T (+ b), one addmm or mm node whose weight edge is W's transpose and bias edge b's
+    accumulator, W and b used by nothing else. None otherwise (W runs g by autograd)."""
+    if len(g.intermediates) != 1:
+        return None
+    k = g.intermediates[0]
+    edges = _MATMULS.get(nodes[k].name())
+    if edges is None:
+        return None
+    w_edge, b_edge = edges
+    t = nodes[k].next_functions[w_edge][0]
+    if t is None or t.name() != "TBackward0" or consumers[place[t]] != [k]:
+        return None
+    acc = t.next_functions[0][0]
+    if acc is None or consumers[place[acc]] != [place[t]]:
+        return None
+    w, b = place[acc], -1
+    if b_edge >= 0:
+        bias = nodes[k].next_functions[b_edge][0]
+        if bias is not None and place[bias] in g.weights and consumers[place[bias]] == [k]:
+            b = place[bias]
+    if sorted(g.weights) != sorted({w, b} - {-1}):
+        return None
+    return k, w, b
 
 
 def _upward(starts: Iterable[int], consumers: list[list[int]], stop: set[int]) -> tuple[set[int], set[int]]:
@@ -269,7 +351,12 @@ def backward_input(
         out, [get_gradient_edge(x), *edges], grad, retain_graph=True, allow_unused=True
     )
     _add_grad(x, torch.zeros_like(x) if dx is None else dx)
-    return WeightWork(passes=[_pass(nodes, p, captured) for p in plan.passes])
+    linears = [
+        _Linear(nodes[p.node], g, _leaf(nodes[p.weight]), None if p.bias < 0 else _leaf(nodes[p.bias]))
+        for p in plan.linears
+        if (g := captured[p.capture]) is not None
+    ]
+    return WeightWork(passes=[_pass(nodes, p, captured) for p in plan.passes], linears=linears)
 
 
 def _pass(nodes: list[Node], p: _PassPlan, captured: Sequence[torch.Tensor | None]) -> _Pass:
@@ -304,9 +391,26 @@ def backward_weight(work: WeightWork) -> None:
         if leaves:
             _accumulate(leaves, torch.autograd.grad(out, leaves, grad, allow_unused=True))
         return
+    # the linear layers first: an autograd pass that walks through one's matmul frees its input
+    while work.linears:  # each one's input and gradient dropped once its weights have their own
+        _linear_weight(work.linears.pop())
     for p in work.passes:
         _weight_pass(p)
     work.passes = []
+
+
+def _linear_weight(lin: _Linear) -> None:
+    """dW = G^T X, db = G summed over the tokens: what autograd's addmm / mm and t nodes compute."""
+    node, g = lin.node, lin.grad
+    with torch.no_grad():  # X may be a checkpointed segment's, recomputed with its graph
+        x = getattr(node, _INPUT[node.name()])
+        dw = g.t().mm(x)
+        alpha = getattr(node, "_saved_alpha", 1)
+        _accumulate([lin.weight], [dw if alpha == 1 else dw * alpha])
+        if lin.bias is not None:
+            db = g.sum_to_size(lin.bias.shape)
+            beta = getattr(node, "_saved_beta", 1)
+            _accumulate([lin.bias], [db if beta == 1 else db * beta])
 
 
 def _weight_pass(p: _Pass) -> None:
