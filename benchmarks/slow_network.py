@@ -252,6 +252,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "load_avg_1m": os.getloadavg()[0],
+        "ranks_on_cores": sorted(os.sched_getaffinity(0)),
         "command": " ".join(["python", *sys.argv]),
     }
 
@@ -270,6 +271,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=640, help="At 480 a rank: one step an epoch.")
     p.add_argument("--batch-size", type=int, default=480, help="Per rank; 0: the model's recipe.")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cpus",
+        default="",
+        help="Cores the ranks run on, comma-separated (default: every core). 0: the three ranks share "
+        "one core, each a third of it, instead of two cores where one rank may get one to itself",
+    )
     p.add_argument("--repeats", type=int, default=3, help="Rounds; each row is the median over them.")
     args = p.parse_args()
     if args.table:
@@ -284,6 +291,8 @@ def main() -> None:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         sys.exit(f"--methods: unknown {unknown[0]!r}; known: {', '.join(METHODS)}")
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # every process started inherits it
     raw: dict[str, Any] = {"environment": environment(), "links": {}, "calibrations": {}, "runs": []}
     if args.append:  # more rounds on the same links: the rows become medians over all of them
         raw = json.loads(args.json.with_suffix(".runs.json").read_text())
