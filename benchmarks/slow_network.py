@@ -257,6 +257,12 @@ def environment() -> dict[str, Any]:
     }
 
 
+def refuse(message: str) -> None:
+    """Bad input: one sentence on stderr, exit 2."""
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, required=True, help="Write the rows here.")
@@ -283,18 +289,26 @@ def main() -> None:
         print(table(json.loads(args.json.read_text())["rows"]))
         return
     if args.replan:
+        if not args.json.with_suffix(".runs.json").is_file():
+            refuse(f"--replan: {args.json.with_suffix('.runs.json')} does not exist; measure first")
         replan(args.json, json.loads(args.json.with_suffix(".runs.json").read_text()))
         return
     if not args.json.parent.is_dir():
-        sys.exit(f"--json: the folder {args.json.parent} does not exist")
+        refuse(f"--json: the folder {args.json.parent} does not exist")
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
-        sys.exit(f"--methods: unknown {unknown[0]!r}; known: {', '.join(METHODS)}")
-    if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # every process started inherits it
+        refuse(f"--methods: unknown {unknown[0]!r}; known: {', '.join(METHODS)}")
+    if args.cpus:  # the processes started inherit the affinity
+        try:
+            os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+        except (ValueError, OSError):
+            last = (os.cpu_count() or 1) - 1
+            refuse(f"--cpus {args.cpus!r}: give this machine's cores, comma-separated (0 to {last})")
     raw: dict[str, Any] = {"environment": environment(), "links": {}, "calibrations": {}, "runs": []}
     if args.append:  # more rounds on the same links: the rows become medians over all of them
+        if not args.json.with_suffix(".runs.json").is_file():
+            refuse(f"--append: {args.json.with_suffix('.runs.json')} does not exist; run once without it")
         raw = json.loads(args.json.with_suffix(".runs.json").read_text())
     first = 1 + max((int(r.get("round", 0)) for r in raw["runs"]), default=-1)
     with tempfile.TemporaryDirectory(prefix="ringtree-slow-network-") as tmp:

@@ -3,6 +3,9 @@ synchronisation from the interface, the table."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from benchmark_scripts import load
@@ -46,3 +49,19 @@ def test_bytes_per_sync_take_out_what_every_run_sends() -> None:
     streaming = _run("streaming-f4", 48_000, (base + 43 * 60_000) / 640, 0.97, syncs=43)
     diloco["link_bytes_per_sync"] = bench.bytes_per_sync(diloco, compute)
     assert abs(bench.fragment_bytes_per_sync(streaming, diloco) - 60_000) < 1e-6
+
+
+def test_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "slow_network.py"
+    for args, words in (
+        (["--replan"], "--replan"),
+        (["--append"], "--append"),
+        (["--cpus", "x"], "--cpus"),
+        (["--methods", "nope"], "--methods"),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(script), "--json", str(tmp_path / "a.json"), *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
