@@ -439,6 +439,7 @@ OUTPUTS: dict[str, Output] = {
             "slow": "node -> its slower configured rate (`--slow`)",
             "burst_bytes": "node -> its token bucket's depth in bytes",
             "cpu_policy": "how the ranks share the host's cores",
+            "cpus_per_node": "each node's cap in cores, a cgroup quota (`--cpus-per-node`; null: shared freely)",
             "links": "node 0 to every other node, measured before the job (empty with `--no-measure`)",
             "links[].node": "the far node",
             "links[].configured_gbps": "the pair's configured rate (the slower end's), Gbit/s",

@@ -24,14 +24,22 @@ def emulate(
     inter_bw: str = typer.Option("1gbit", help="Every node's link rate: 100mbit, 1gbit, 10gbit, ..."),
     slow: list[str] = typer.Option([], help="NODE:RATE gives one node a slower link, e.g. 2:100mbit."),
     measure: bool = typer.Option(True, help="Measure the shaped links before the job (--no-measure: skip)."),
+    cpus_per_node: str = typer.Option(
+        "shared",
+        help="Cores each node may use, a cgroup quota: a number (0.5), auto (the host's cores over "
+        "the nodes) or shared (the scheduler shares them freely).",
+    ),
     timeout: float = typer.Option(3600.0, help="Seconds before the whole job is stopped."),
     json_path: Path | None = typer.Option(
         None, "--json", help="Write the cluster's record (rates measured) here."
     ),
-    cleanup: bool = typer.Option(False, help="Only remove namespaces an interrupted emulate left behind."),
+    cleanup: bool = typer.Option(
+        False, help="Only remove the namespaces and CPU groups an interrupted emulate left behind."
+    ),
 ) -> None:
     """Run `ringtree SUBCOMMAND ARGS` (after `--`) on N emulated nodes joined by shaped links."""
     from ringtree import emulate as emu
+    from ringtree.emulate import cpu
 
     check_output(json_path, "--json")  # before any namespace is made
     if not emu.has_net_admin() or shutil.which("ip") is None or shutil.which("tc") is None:
@@ -42,18 +50,24 @@ def emulate(
         )
         raise typer.Exit(code=2)
     if cleanup:
-        removed = emu.cleanup()
+        removed = emu.cleanup_all()
         typer.echo(
-            f"removed {len(removed)} leftover namespace(s){': ' if removed else ''}{' '.join(removed)}"
+            f"removed {len(removed)} leftover namespace(s) and CPU group(s)"
+            f"{': ' if removed else ''}{' '.join(removed)}"
         )
         return
     argv = absolute_paths(list(ctx.args))
     if not argv:
         raise typer.BadParameter("name the command to run after --, e.g. `ringtree emulate -- bench`")
     try:
-        spec = emu.ClusterSpec(nodes, nproc_per_node, emu.parse_rate(inter_bw), parse_slow(slow))
+        cores = cpu.parse(cpus_per_node, nodes)
+        spec = emu.ClusterSpec(nodes, nproc_per_node, emu.parse_rate(inter_bw), parse_slow(slow), cores)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    why = cpu.unavailable() if cores is not None else None
+    if why:
+        typer.echo(f"ringtree emulate: --cpus-per-node needs a cgroup cpu controller, but {why}.", err=True)
+        raise typer.Exit(code=2)
     try:  # Ctrl-C and SIGTERM arrive as KeyboardInterrupt, after the nodes are removed
         result = emu.run(spec, argv, measure=measure, timeout_s=timeout)
     except (TimeoutError, RuntimeError) as e:  # the network could not be built, or the job hung

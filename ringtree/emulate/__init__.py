@@ -14,11 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ringtree.emulate import interrupt, network
+from ringtree.emulate import cpu, interrupt, network
 from ringtree.emulate.cluster import ClusterSpec, run_agents
 from ringtree.emulate.network import Network, cleanup, has_net_admin, parse_rate
 
 __all__ = ["ClusterSpec", "Emulated", "cleanup", "has_net_admin", "parse_rate", "run"]
+
+
+def cleanup_all() -> list[str]:
+    """Remove the namespaces and CPU groups interrupted emulate runs left; their names."""
+    return [*cleanup(), *cpu.cleanup()]
 
 
 @dataclass
@@ -39,15 +44,22 @@ def run(
     timeout_s: float = 3600.0,
     stdout: IO[str] | None = None,
 ) -> Emulated:
-    """Build the network, measure its links, run `python -m ringtree ARGV` on it, tear it down."""
+    """Build the network (and the nodes' CPU shares), measure its links, run `python -m ringtree
+    ARGV` on it, tear it down."""
     out = stdout if stdout is not None else sys.stdout
-    with interrupt.interruptible(), network.build(spec.rates()) as net:
+    with (
+        interrupt.interruptible(),
+        network.build(spec.rates()) as net,
+        cpu.maybe(net.tag, spec.nodes, spec.cpus_per_node) as shares,
+    ):
         record = spec.describe()
-        record["links"] = measure_links(net, spec, timeout_s) if measure and spec.nodes > 1 else []
+        links = measure_links(net, spec, timeout_s, shares) if measure and spec.nodes > 1 else []
+        record["links"] = links
         record["command"] = ["ringtree", *argv]
         print_header(record, out)
         before = [network.link_bytes(node.netns) for node in net.nodes]
-        code, logs, said = run_agents(net, spec, ["-m", "ringtree", *argv], timeout_s=timeout_s, stdout=out)
+        target = ["-m", "ringtree", *argv]
+        code, logs, said = run_agents(net, spec, target, timeout_s=timeout_s, stdout=out, shares=shares)
         record["link_bytes"] = job_bytes(net, before)
     record["exit_code"] = code
     return Emulated(code, record, logs, said)
@@ -62,14 +74,17 @@ def job_bytes(net: Network, before: list[tuple[int, int]]) -> list[dict[str, int
     return rows
 
 
-def measure_links(net: Network, spec: ClusterSpec, timeout_s: float) -> list[dict[str, Any]]:
-    """Node 0 to every node, one rank per node: configured -> measured Gbit/s (see probe)."""
-    probe_spec = ClusterSpec(spec.nodes, 1, spec.inter_rate, spec.slow)
+def measure_links(
+    net: Network, spec: ClusterSpec, timeout_s: float, shares: cpu.Shares | None = None
+) -> list[dict[str, Any]]:
+    """Node 0 to every node, one rank per node: configured -> measured Gbit/s (see probe), on the
+    nodes' CPU shares when they have them."""
+    probe_spec = ClusterSpec(spec.nodes, 1, spec.inter_rate, spec.slow, spec.cpus_per_node)
     with tempfile.TemporaryDirectory(prefix="ringtree-probe-") as tmp:
         path = Path(tmp) / "links.json"
         rates = ",".join(str(r) for r in spec.rates())
         target = ["-m", "ringtree.emulate.probe", str(path), rates]
-        code, logs, _ = run_agents(net, probe_spec, target, timeout_s=min(timeout_s, 300.0))
+        code, logs, _ = run_agents(net, probe_spec, target, timeout_s=min(timeout_s, 300.0), shares=shares)
         if code or not path.exists():
             raise RuntimeError(f"measuring the emulated links failed (exit {code}):\n{logs[0][-2000:]}")
         rows: list[dict[str, Any]] = json.loads(path.read_text())

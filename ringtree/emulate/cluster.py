@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ringtree.emulate import interrupt, network
+from ringtree.emulate import cpu, interrupt, network
 from ringtree.emulate.network import IFNAME, Network
 
 VERDICT_ENV = "RINGTREE_VERDICT_FILE"
@@ -40,6 +40,7 @@ class ClusterSpec:
     nproc_per_node: int
     inter_rate: float
     slow: dict[int, float] = field(default_factory=dict)
+    cpus_per_node: float | None = None  # each node's cores, a cgroup quota (None: shared freely)
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 9:  # rendezvous ranks follow the addresses' string order up to 9
@@ -60,7 +61,10 @@ class ClusterSpec:
             "inter_bw": network.format_rate(self.inter_rate),
             "slow": {str(i): network.format_rate(r) for i, r in sorted(self.slow.items())},
             "burst_bytes": {str(i): network.burst_bytes(r) for i, r in enumerate(self.rates())},
-            "cpu_policy": CPU_POLICY,
+            "cpu_policy": CPU_POLICY
+            if self.cpus_per_node is None
+            else f"{CPU_POLICY}, {cpu.describe(self.cpus_per_node)}",
+            "cpus_per_node": self.cpus_per_node,
         }
 
 
@@ -105,13 +109,15 @@ def run_agents(
     *,
     timeout_s: float,
     stdout: IO[str] | None = None,
+    shares: cpu.Shares | None = None,
 ) -> tuple[int, list[str], bool]:
     """Run one agent per node until all exit; node 0's goes to stdout and stderr (None: captured).
 
     Returns the job's exit code (the first non-zero one), every node's captured output, and
     whether the code is the command's verdict (doctor's "suspects found": see `verdict`) rather
-    than a failure. An agent that fails gets the others killed after a short grace, so that
-    nothing waits on a peer that is gone; Ctrl-C and the timeout kill them all.
+    than a failure. With `shares`, node i's agent and ranks run in node i's CPU share. An agent
+    that fails gets the others killed after a short grace, so that nothing waits on a peer that
+    is gone; Ctrl-C and the timeout kill them all.
     """
     with tempfile.TemporaryDirectory(prefix="ringtree-emulate-") as tmp:
         logs = [open(Path(tmp) / f"node{i}.log", "w+") for i in range(spec.nodes)]  # noqa: SIM115
@@ -120,9 +126,10 @@ def run_agents(
         try:
             for i in range(spec.nodes):
                 shown = i == 0 and stdout is not None  # node 0's output and errors reach the user
+                command = agent_command(net, spec, i, target)
                 procs.append(
                     subprocess.Popen(
-                        agent_command(net, spec, i, target),
+                        command if shares is None else shares.wrap(i, command),
                         env=agent_env() | {VERDICT_ENV: str(verdicts)},
                         stdout=stdout if shown else logs[i],
                         stderr=None if shown else subprocess.STDOUT,
