@@ -373,6 +373,10 @@ OUTPUTS: dict[str, Output] = {
                 "or a low-rank `--compression`"
             ),
             "outer_comm_exposed_s": "seconds per step the training waited for the outer averages; else null",
+            "outer_sync_wait_s": (
+                "seconds per outer synchronisation a rank waited for the last replica to arrive (its "
+                "all-reduce's time less the quickest rank's, averaged over ranks and syncs); else null"
+            ),
             "bubble_fraction": "under `--pp`: measured idle fraction of the pipeline",
             "theoretical_bubble_fraction": "under `--pp`: the schedule's (p-1)/(m+p-1) or its own",
             "peak_activation_bytes_per_stage": "under `--pp`: activations held at the peak, per stage",
@@ -439,7 +443,7 @@ OUTPUTS: dict[str, Output] = {
             "slow": "node -> its slower configured rate (`--slow`)",
             "burst_bytes": "node -> its token bucket's depth in bytes",
             "cpu_policy": "how the ranks share the host's cores",
-            "cpus_per_node": "each node's cap in cores, a cgroup quota (`--cpus-per-node`; null: shared freely)",
+            "cpus_per_node": "each node's cap in cores, a cgroup quota (`--cpus-per-node`; null: shared)",
             "links": "node 0 to every other node, measured before the job (empty with `--no-measure`)",
             "links[].node": "the far node",
             "links[].configured_gbps": "the pair's configured rate (the slower end's), Gbit/s",

@@ -4,6 +4,7 @@ replicas equal after a synchronisation, a resume bit-identical to the straight r
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ringtree.train import TrainConfig, Trainer
 # 80 samples, 8 per rank and step on 2 ranks: 5 steps an epoch, 10 in all
 BASE = TrainConfig(epochs=2, batch_size=8, lr=1e-2, progress=False, bucket_mb=0.0005, straggler_every=0)
 PARAMS = 8 * 128 + 128 + 128 + 1
+LATE_S = 0.2
 
 
 def data() -> TensorDataset:
@@ -57,6 +59,24 @@ def fit_with_a_skipped_step(cfg: TrainConfig) -> dict[str, Any]:
         MixedPrecision.step = step  # type: ignore[method-assign]
 
 
+def fit_with_rank_one_late(cfg: TrainConfig, late_s: float) -> dict[str, Any]:
+    """Rank 1 reaches every outer synchronisation `late_s` after rank 0."""
+    from ringtree.parallel.diloco import DiLoCo
+
+    send = DiLoCo._send
+
+    def late(self: DiLoCo, sync: Any) -> None:
+        if dist.get_rank() == 1:
+            time.sleep(late_s)
+        send(self, sync)
+
+    DiLoCo._send = late  # type: ignore[method-assign]
+    try:
+        return fit(cfg)
+    finally:
+        DiLoCo._send = send  # type: ignore[method-assign]
+
+
 def world(rank: int, folder: str) -> dict[str, Any]:
     out = {
         "ddp": fit(BASE),
@@ -69,6 +89,7 @@ def world(rank: int, folder: str) -> dict[str, Any]:
         ),
     }
     out["skipped"] = fit_with_a_skipped_step(replace(BASE, sync="diloco", inner_steps=3))
+    out["late"] = fit_with_rank_one_late(replace(BASE, sync="diloco", inner_steps=5), LATE_S)
     resumable = replace(
         BASE, sync="streaming-diloco", inner_steps=4, fragments=2, overlap_steps=1, checkpoint_every=3
     )
@@ -99,6 +120,16 @@ def test_summary_keys_for_every_sync(tmp_path_factory: pytest.TempPathFactory) -
     assert (diloco["sync"], diloco["outer_syncs"], diloco["steps"]) == ("diloco", 2, 10)
     assert streaming["outer_syncs"] == 6  # one fragment every H/F = 2 steps, fragment 0 at the end
     assert diloco["outer_comm_exposed_s"] >= 0
+    assert ddp["outer_sync_wait_s"] is None and local["outer_sync_wait_s"] >= 0
+
+
+def test_the_wait_for_a_late_replica_is_measured(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # rank 0 waits LATE_S at each of the two syncs, rank 1 (the late one) hardly at all: LATE_S / 2
+    for run in results(tmp_path_factory):
+        assert run["late"]["outer_syncs"] == 2
+        assert 0.7 * LATE_S / 2 < run["late"]["outer_sync_wait_s"] < 1.5 * LATE_S / 2
+        assert run["late"]["outer_sync_wait_s"] == results(tmp_path_factory)[0]["late"]["outer_sync_wait_s"]
+        assert run["diloco"]["outer_sync_wait_s"] < LATE_S / 4  # the same run on time
 
 
 def test_a_skipped_step_still_counts_for_the_schedule(tmp_path_factory: pytest.TempPathFactory) -> None:

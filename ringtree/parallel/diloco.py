@@ -85,6 +85,7 @@ class DiLoCo:
         self.bytes_sent = 0  # what this rank sent in outer all-reduces
         self.comm_s = 0.0  # seconds spent in outer all-reduces (on whichever thread ran them)
         self.exposed_s = 0.0  # of which the training thread waited
+        self.sync_s: list[float] = []  # each fragment average's seconds on this rank, peers awaited included
         self.calls = 0  # outer collective calls (one per bucket)
         self._wire_device = _wire_device(group, params)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringtree-diloco")
@@ -144,7 +145,8 @@ class DiLoCo:
             for flat in flats:
                 self._average(flat)
                 self.calls += 1
-        self.comm_s += time.perf_counter() - start
+        self.sync_s.append(time.perf_counter() - start)
+        self.comm_s += self.sync_s[-1]
 
     def _average(self, flat: torch.Tensor) -> None:
         """Average `flat` over the replicas; with a shard group of B ranks (a replica's, all holding

@@ -56,6 +56,7 @@ class LocalSGD:
         self.outer_syncs = 0
         self.bytes_sent = 0
         self.comm_s = 0.0
+        self.sync_s: list[float] = []  # each average's seconds on this rank, waiting for peers included
         self.calls = 0
         self._warm_up()
         self._hook = optimizer.register_step_post_hook(self._after_step)
@@ -97,7 +98,8 @@ class LocalSGD:
                 offset += p.numel()
             self.bytes_sent += 2 * (r - 1) * flat.numel() * flat.element_size() // r
             self.calls += 1
-        self.comm_s += time.perf_counter() - start
+        self.sync_s.append(time.perf_counter() - start)
+        self.comm_s += self.sync_s[-1]
         self.outer_syncs += 1
         self._averaged_at = self.step
 

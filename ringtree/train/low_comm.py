@@ -193,7 +193,26 @@ def metrics(
         "outer_syncs": None if outer is None else outer.outer_syncs,
         "inter_node_bytes_per_step": None if bytes_per_step != bytes_per_step else bytes_per_step,
         "outer_comm_exposed_s": None if outer is None else exposed_s,
+        "outer_sync_wait_s": None if outer is None else sync_wait_s(outer.sync_s, device),
     }
+
+
+def sync_wait_s(mine: list[float], device: torch.device) -> float | None:
+    """Seconds per outer synchronisation a rank waited for the last replica to arrive: each sync's
+    all-reduce time on a rank less the least any rank took for it (the last to arrive waits for
+    nobody), averaged over the ranks and the syncs. Clock-free: every rank times its own calls.
+    A collective; None when no sync ran."""
+    n = torch.tensor([float(len(mine))], dtype=torch.float64, device=device)
+    low = n.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    if n.item() != low.item() or n.item() == 0:
+        return None  # the ranks synchronised a different number of times (a resumed run): not comparable
+    times = torch.tensor(mine, dtype=torch.float64, device=device)
+    every = [torch.empty_like(times) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, times)
+    table = torch.stack(every)  # (ranks, syncs)
+    return float((table - table.min(dim=0).values).mean())
 
 
 # -- checkpoints --------------------------------------------------------------------------------

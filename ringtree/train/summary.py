@@ -44,6 +44,7 @@ METRIC_KEYS = (
     "outer_syncs",
     "inter_node_bytes_per_step",
     "outer_comm_exposed_s",
+    "outer_sync_wait_s",
 )
 THREAD_KEYS = (  # --mode dp-threads: the last step's work per device, and max / mean of it
     "devices",
