@@ -93,6 +93,7 @@ def measure(
         work / f"{method}-{rate}{tag}-cluster.json",
     )
     emulate = ["emulate", "--nodes", str(NODES), "--nproc-per-node", "1", "--inter-bw", rate]
+    emulate += ["--cpus-per-node", args.cpus_per_node]
     emulate += [*(["--no-measure"] if rate in links else []), "--json", str(record_path), "--"]
     ringtree(*emulate, *train_args(args, method, summary_path))
     summary: dict[str, Any] = json.loads(summary_path.read_text())
@@ -115,16 +116,18 @@ def measure(
         "global_batch": int(summary["batch_size"]) * int(summary["world_size"]),
         "algorithm": str(summary["algorithm"]),
         "outer_syncs": summary.get("outer_syncs"),
+        "sync_wait_s": summary.get("outer_sync_wait_s"),  # per sync, waiting for the last replica
     }
 
 
-def calibrate(rate: str, work: Path) -> dict[str, Any]:
+def calibrate(rate: str, work: Path, cpus_per_node: str) -> dict[str, Any]:
     """The shaped links as ringtree's own all-reduce sees them: `ringtree bench` of the trainer's
     ring on the emulated cluster, 1 KiB to 4 MiB, fitted by `ringtree calibrate` (the file the
     planner's `--calibration` reads: the fitted link and the measured times)."""
     bench, fitted = work / f"bench-{rate}.json", work / f"calibration-{rate}.json"
     ringtree(
-        "emulate", "--nodes", str(NODES), "--nproc-per-node", "1", "--inter-bw", rate, "--no-measure", "--",
+        "emulate", "--nodes", str(NODES), "--nproc-per-node", "1", "--inter-bw", rate, "--no-measure",
+        "--cpus-per-node", cpus_per_node, "--",
         "bench", "--algorithms", "ring", "--min-bytes", "1K", "--max-bytes", "4M", "--step-factor", "4",
         "--iters", "10", "--json", str(bench),
     )  # fmt: skip
@@ -155,10 +158,12 @@ def predicted_samples_per_s(
 
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(runs[0])
-    for key in ("samples_per_s", "step_time_s", "link_bytes_per_step", "accuracy", "test_loss"):
-        values = [r[key] for r in runs if r[key] is not None]
+    medians = ("samples_per_s", "step_time_s", "link_bytes_per_step", "accuracy", "test_loss", "sync_wait_s")
+    for key in medians:
+        values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     out["rounds"] = len(runs)
+    out["round_ids"] = [r.get("round", 0) for r in runs]
     out["samples_per_s_all"] = [r["samples_per_s"] for r in runs]
     return out
 
@@ -170,7 +175,7 @@ def summarise(rows: list[dict[str, Any]], calibrations: dict[str, Any]) -> list[
         compute, ddp = mine.get("compute"), mine.get("ddp")
         for r in mine.values():
             if compute:
-                r["compute_utilisation"] = r["samples_per_s"] / compute["samples_per_s"]
+                r["compute_utilisation"] = per_round_ratio(r, compute)
                 r["predicted_samples_per_s"] = predicted_samples_per_s(
                     r["method"], calibrations[rate], compute["step_time_s"], r
                 )
@@ -179,7 +184,7 @@ def summarise(rows: list[dict[str, Any]], calibrations: dict[str, Any]) -> list[
             if compute and r.get("outer_syncs") and r["method"] not in STREAMING_BASE:
                 r["link_bytes_per_sync"] = bytes_per_sync(r, compute)
             if ddp:
-                r["speed_vs_ddp"] = r["samples_per_s"] / ddp["samples_per_s"]
+                r["speed_vs_ddp"] = per_round_ratio(r, ddp)
                 r["bytes_vs_ddp"] = r["link_bytes_per_step"] / ddp["link_bytes_per_step"]
                 if r["accuracy"] is not None and ddp["accuracy"] is not None:
                     r["accuracy_vs_ddp_points"] = 100 * (r["accuracy"] - ddp["accuracy"])
@@ -190,6 +195,15 @@ def summarise(rows: list[dict[str, Any]], calibrations: dict[str, Any]) -> list[
                     mine[method]["link_bytes_per_sync"] / mine[base]["link_bytes_per_sync"]
                 )
     return rows
+
+
+def per_round_ratio(row: dict[str, Any], base: dict[str, Any]) -> float:
+    """The median over rounds of the row's samples/s over the base's in the same round (the load
+    of a round hits both alike); the ratio of the medians when no round has both."""
+    mine = dict(zip(row["round_ids"], row["samples_per_s_all"], strict=True))
+    theirs = dict(zip(base["round_ids"], base["samples_per_s_all"], strict=True))
+    ratios = [mine[k] / theirs[k] for k in mine if k in theirs and theirs[k] > 0]
+    return statistics.median(ratios) if ratios else row["samples_per_s"] / base["samples_per_s"]
 
 
 def bytes_per_sync(row: dict[str, Any], compute: dict[str, Any]) -> float | None:
@@ -220,8 +234,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     out = [
         "| link | method | samples/s | compute util. | x DDP | bytes/step (interface) | x DDP's | "
-        "bytes/sync | accuracy | vs DDP (points) | test loss | planner samples/s | planner / measured |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "bytes/sync | accuracy | vs DDP (points) | test loss | planner samples/s | planner / measured | "
+        "wait for the last replica (ms/sync) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [
@@ -238,6 +253,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f(r["test_loss"], ".3f"),
             f(r.get("predicted_samples_per_s"), ",.0f"),
             f(r.get("predicted_over_measured"), ".2f"),
+            f(None if r.get("sync_wait_s") is None else 1000 * r["sync_wait_s"], ".0f"),
         ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -283,6 +299,12 @@ def main() -> None:
         help="Cores the ranks run on, comma-separated (default: every core). 0: the three ranks share "
         "one core, each a third of it, instead of two cores where one rank may get one to itself",
     )
+    p.add_argument(
+        "--cpus-per-node",
+        default="auto",
+        help="`ringtree emulate --cpus-per-node`: auto caps every node at an equal share of the host's "
+        "cores, as separate machines would have; shared lets the scheduler share them freely",
+    )
     p.add_argument("--repeats", type=int, default=3, help="Rounds; each row is the median over them.")
     args = p.parse_args()
     if args.table:
@@ -305,22 +327,33 @@ def main() -> None:
         except (ValueError, OSError):
             last = (os.cpu_count() or 1) - 1
             refuse(f"--cpus {args.cpus!r}: give this machine's cores, comma-separated (0 to {last})")
-    raw: dict[str, Any] = {"environment": environment(), "links": {}, "calibrations": {}, "runs": []}
+    if args.cpus_per_node not in ("auto", "shared"):
+        try:
+            float(args.cpus_per_node)
+        except ValueError:
+            refuse(f"--cpus-per-node {args.cpus_per_node!r}: give cores per node (e.g. 0.5), auto or shared")
+    env = environment() | {"cpus_per_node": args.cpus_per_node}
+    raw: dict[str, Any] = {"environment": env, "links": {}, "calibrations": {}, "runs": []}
     if args.append:  # more rounds on the same links: the rows become medians over all of them
         if not args.json.with_suffix(".runs.json").is_file():
             refuse(f"--append: {args.json.with_suffix('.runs.json')} does not exist; run once without it")
         raw = json.loads(args.json.with_suffix(".runs.json").read_text())
+        if raw["environment"].get("cpus_per_node", "shared") != args.cpus_per_node:
+            refuse(
+                f"--append: {args.json.with_suffix('.runs.json')} was measured with --cpus-per-node "
+                f"{raw['environment'].get('cpus_per_node', 'shared')}; give the same"
+            )
     first = 1 + max((int(r.get("round", 0)) for r in raw["runs"]), default=-1)
     with tempfile.TemporaryDirectory(prefix="ringtree-slow-network-") as tmp:
         for k in range(first, first + args.repeats):
             for rate in args.rates.split(","):
                 if rate not in raw["calibrations"]:
-                    raw["calibrations"][rate] = calibrate(rate, Path(tmp))
+                    raw["calibrations"][rate] = calibrate(rate, Path(tmp), args.cpus_per_node)
                 for method in methods:
                     run = measure(args, method, rate, Path(tmp), f"-r{k}", raw["links"]) | {"round": k}
                     print(json.dumps(run), flush=True)
                     raw["runs"].append(run)
-            raw["environment"] = environment()
+            raw["environment"] = environment() | {"cpus_per_node": args.cpus_per_node}
             write_json(args.json.with_suffix(".runs.json"), raw)  # kept if the plans fail
             replan(args.json, raw)
 
@@ -334,7 +367,9 @@ def replan(path: Path, raw: dict[str, Any]) -> None:
     if missing:
         with tempfile.TemporaryDirectory(prefix="ringtree-slow-network-") as tmp:
             for rate in missing:
-                calibrations[rate] = calibrate(rate, Path(tmp))
+                calibrations[rate] = calibrate(
+                    rate, Path(tmp), raw["environment"].get("cpus_per_node", "shared")
+                )
         write_json(path.with_suffix(".runs.json"), raw)
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in runs:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,12 @@ def test_a_wrapped_command_runs_in_its_capped_group_and_the_groups_go_away() -> 
         ).stdout
         assert "/rtemu-test-cpu1" in inside and "/rtemu-test-cpu0" not in inside
         sleeper = subprocess.Popen(shares.wrap(0, ["sleep", "30"]))  # still running when they are removed
+        procs = shares.groups[0] / "cgroup.procs"
+        for _ in range(100):  # until its shell has joined the group (and become `sleep`)
+            if str(sleeper.pid) in procs.read_text().split():
+                break
+            time.sleep(0.05)
+        assert str(sleeper.pid) in procs.read_text().split()
     try:
         assert cpu.listed() == []  # its process went back to the parent group, the group is gone
         assert sleeper.poll() is None

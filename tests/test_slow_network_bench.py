@@ -12,21 +12,26 @@ from benchmark_scripts import load
 
 
 def _run(
-    method: str, samples_per_s: float, sent: float, accuracy: float, syncs: int | None = None
+    method: str,
+    samples_per_s: float,
+    sent: float,
+    accuracy: float,
+    syncs: int | None = None,
+    round_id: int = 0,
 ) -> dict[str, Any]:
     return {
         "method": method, "model": "wide-mlp", "inter_bw": "100mbit", "samples_per_s": samples_per_s,
         "step_time_s": 96 / samples_per_s,
         "steps": 640, "accuracy": accuracy, "test_loss": 0.1, "link_bytes_per_step": sent,
         "reported_bytes_per_step": None, "parameters": 216586, "global_batch": 96, "algorithm": "ring",
-        "outer_syncs": syncs,
+        "outer_syncs": syncs, "round": round_id,
     }  # fmt: skip
 
 
 def test_rows_are_medians_and_ratios_are_against_ddp() -> None:
     bench = load("slow_network")
-    ddp = bench.median_row([_run("ddp", 6000, 150_000, 0.97), _run("ddp", 5000, 150_000, 0.97),
-                            _run("ddp", 7000, 150_000, 0.97)])  # fmt: skip
+    ddp = bench.median_row([_run("ddp", 6000, 150_000, 0.97), _run("ddp", 5000, 150_000, 0.97, round_id=1),
+                            _run("ddp", 7000, 150_000, 0.97, round_id=2)])  # fmt: skip
     assert ddp["samples_per_s"] == 6000 and ddp["rounds"] == 3
     diloco = bench.median_row([_run("diloco-h64", 45_000, 2_400, 0.96, syncs=10)])
     rows = bench.summarise([ddp, diloco], calibrations={})  # no compute run: no utilisation, no planner
@@ -35,6 +40,18 @@ def test_rows_are_medians_and_ratios_are_against_ddp() -> None:
     assert "link_bytes_per_sync" not in rows[1]  # it needs the compute run's bytes
     text = bench.table(rows)
     assert "| 100mbit | diloco-h64 | 45,000 | - | 7.50 | 2,400 | 0.0160 | - | 0.9600 | -1.0 |" in text
+
+
+def test_utilisation_is_the_median_of_each_rounds_own_ratio() -> None:
+    bench = load("slow_network")
+    compute = bench.median_row([_run("compute", 50_000, 4_000, 0.97, round_id=0),
+                                _run("compute", 30_000, 4_000, 0.97, round_id=1)])  # fmt: skip
+    diloco = bench.median_row([_run("diloco-h64", 45_000, 20_000, 0.97, syncs=10, round_id=0),
+                               _run("diloco-h64", 30_000, 20_000, 0.97, syncs=10, round_id=1)])  # fmt: skip
+    assert abs(bench.per_round_ratio(diloco, compute) - 0.95) < 1e-12  # rounds 0.9 and 1.0
+    assert abs(diloco["samples_per_s"] / compute["samples_per_s"] - 0.9375) < 1e-12  # not the medians'
+    lone = bench.median_row([_run("diloco-h16", 20_000, 80_000, 0.97, syncs=40, round_id=5)])
+    assert bench.per_round_ratio(lone, compute) == 0.5  # no round in common: the medians' ratio
 
 
 def test_bytes_per_sync_take_out_what_every_run_sends() -> None:
@@ -58,6 +75,7 @@ def test_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
         (["--append"], "--append"),
         (["--cpus", "x"], "--cpus"),
         (["--methods", "nope"], "--methods"),
+        (["--cpus-per-node", "lots"], "--cpus-per-node"),
     ):
         done = subprocess.run(
             [sys.executable, str(script), "--json", str(tmp_path / "a.json"), *args],
