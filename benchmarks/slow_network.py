@@ -35,6 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ringtree.emulate import cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 3
 # model -> (what `train --model` takes, the planner's `--module`: it counts and splits its tensors)
@@ -337,11 +339,10 @@ def main() -> None:
         except (ValueError, OSError):
             last = (os.cpu_count() or 1) - 1
             refuse(f"--cpus {args.cpus!r}: give this machine's cores, comma-separated (0 to {last})")
-    if args.cpus_per_node not in ("auto", "shared"):
-        try:
-            float(args.cpus_per_node)
-        except ValueError:
-            refuse(f"--cpus-per-node {args.cpus_per_node!r}: give cores per node (e.g. 0.5), auto or shared")
+    try:  # emulate's own reading of it, on the cores this process may use (after --cpus)
+        cpu.parse(args.cpus_per_node, NODES)
+    except ValueError as e:
+        refuse(str(e))
     env = environment() | {"cpus_per_node": args.cpus_per_node}
     raw: dict[str, Any] = {"environment": env, "links": {}, "calibrations": {}, "runs": []}
     if args.append:  # more rounds on the same links: the rows become medians over all of them

@@ -76,6 +76,7 @@ def test_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
         (["--cpus", "x"], "--cpus"),
         (["--methods", "nope"], "--methods"),
         (["--cpus-per-node", "lots"], "--cpus-per-node"),
+        (["--cpus-per-node", "5"], "--cpus-per-node 5 on 3 nodes"),
     ):
         done = subprocess.run(
             [sys.executable, str(script), "--json", str(tmp_path / "a.json"), *args],
