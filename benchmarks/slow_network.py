@@ -15,7 +15,8 @@ per synchronisation between the replicas (the run's bytes less the compute run's
 made beyond the compute run's), held-out loss and accuracy, and the planner's samples/s for the same
 method (`ringtree plan --module ... --compute-time T --calibration C --sync ...`, T the compute run's
 step, C the shaped links as `ringtree bench` of the trainer's ring measured them on the same emulated
-cluster, fitted by `ringtree calibrate`), set beside the measurement. Rounds interleave the methods
+cluster, fitted by `ringtree calibrate`; PowerSGD's own compression work, which is compute, as its run
+measured it: `--powersgd-compute-time`), set beside the measurement. Rounds interleave the methods
 so that load drift hits every row alike; each row is the median over rounds. Needs root or
 CAP_NET_ADMIN. Run it alone, under the shared lock:
 
@@ -119,6 +120,7 @@ def measure(
         "algorithm": str(summary["algorithm"]),
         "outer_syncs": summary.get("outer_syncs"),
         "sync_wait_s": summary.get("outer_sync_wait_s"),  # per sync, waiting for the last replica
+        "powersgd_compute_s": summary.get("powersgd_compute_s"),  # its own work per step, measured
         # the share of its own steps the run did not wait for communication (DDP's gradients, the
         # outer syncs): a utilisation measured inside one run, which load drifting between runs spares
         "in_run_utilisation": 1.0
@@ -148,9 +150,13 @@ def calibrate(rate: str, work: Path, cpus_per_node: str) -> dict[str, Any]:
 def predicted_samples_per_s(
     method: str, calibration: dict[str, Any], compute_step_s: float, row: dict[str, Any]
 ) -> float | None:
-    """The planner's samples/s for the method on the calibrated links, from the compute run's step."""
+    """The planner's samples/s for the method on the calibrated links, from the compute run's step
+    (and PowerSGD's from its own work, which its run measures)."""
     if method == "compute":
         return None
+    # PowerSGD's own work is compute, measured in its run as the step's is in the compute run
+    measured = row.get("powersgd_compute_s")
+    work = [] if measured is None else ["--powersgd-compute-time", f"{measured:.6g}"]
     with tempfile.TemporaryDirectory() as tmp:
         out, fitted = Path(tmp) / "plan.json", Path(tmp) / "calibration.json"
         fitted.write_text(json.dumps(calibration["fit"]))
@@ -158,7 +164,7 @@ def predicted_samples_per_s(
             "plan", "--module", MODELS[row["model"]][1], "--compute-time", f"{compute_step_s:.6g}",
             "--nodes", str(NODES), "--gpus-per-node", "1", "--intra", "pcie-gen3",
             "--calibration", str(fitted), "--algorithm", row["algorithm"],
-            *PLANNED.get(method, METHODS[method]),
+            *PLANNED.get(method, METHODS[method]), *work,
             "--json", str(out),
         )  # fmt: skip
         plan: dict[str, Any] = json.loads(out.read_text())
@@ -169,7 +175,7 @@ def predicted_samples_per_s(
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(runs[0])
     medians = ("samples_per_s", "step_time_s", "link_bytes_per_step", "accuracy", "test_loss", "sync_wait_s")
-    medians += ("in_run_utilisation",)
+    medians += ("in_run_utilisation", "powersgd_compute_s")
     for key in medians:
         values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = statistics.median(values) if values else None

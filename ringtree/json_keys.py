@@ -324,6 +324,11 @@ OUTPUTS: dict[str, Output] = {
             "step_time_s": "mean optimizer step time after the first, the slowest rank's",
             "comm_time_s": "mean gradient communication per step (overlapped or not)",
             "exposed_comm_time_s": "the part of it the step waited for",
+            "powersgd_compute_s": (
+                "with `--compression powersgd`: seconds per compressed step of PowerSGD's own work on the "
+                "slowest rank (error feedback, the low-rank products, orthogonalisation; its all-reduces "
+                "excluded), host wall time; null without it, before `--powersgd-start-iter` or on GPU"
+            ),
             "predicted_step_time_s": "the planner's step time with `--calibration`; else null",
             "world_size": "ranks",
             "nodes": "nodes",

@@ -285,6 +285,8 @@ BAD = [
      "--overlap-steps 25 must be at least 0 and below --inner-steps / --fragments = 25"),
     (["--sync", "diloco", "--fragments", "4"], "--fragments do not apply with --sync diloco"),
     (["--powersgd-rank", "4"], "--powersgd-rank do not apply with --sync ddp"),
+    (["--sync", "diloco", "--powersgd-compute-time", "0.01"], "--powersgd-compute-time do not apply"),
+    (["--sync", "powersgd", "--powersgd-compute-time", "-0.01"], "--powersgd-compute-time -0.01: give"),
     (["--sync", "ddp", "--sweep", "latency"], "unknown --sweep 'latency'"),
     (["--sync", "ddp", "--sweep", "bandwidth", "--nodes", "1"], "--sweep bandwidth varies the link between"),
     (["--sync", "streaming-diloco", "--fragments", "20"],
@@ -386,6 +388,25 @@ def test_a_powersgd_run_is_priced_as_it_ran(tmp_path: Path) -> None:
     bytes_per_step = json.loads(direct.read_text())["sync"]["slow_link_bytes_per_step"]
     assert sync["slow_link_bytes_per_step"] == pytest.approx(bytes_per_step)
     assert "before PowerSGD's start iteration 1000" in result.output  # type: ignore[attr-defined]
+
+
+def test_powersgds_measured_work_adds_to_its_step_and_a_runs_own_is_used(tmp_path: Path) -> None:
+    """--powersgd-compute-time S: S more seconds per step than without (no GPU: otherwise not
+    priced); a PowerSGD run's powersgd_compute_s is priced the same way by --from-run."""
+    out = tmp_path / "plan.json"
+    args = ["plan", "--module", "ringtree.train.models:MLP", "--compute-time", "0.002", "--nodes", "3"]
+    args += ["--gpus-per-node", "1", "--intra", "pcie-gen3", "--inter", "bw=12MB/s,lat=100us"]
+    args += ["--sync", "powersgd", "--powersgd-rank", "4", "--json", str(out)]
+    steps = []
+    for extra in ([], ["--powersgd-compute-time", "0.0125"]):
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        steps.append(json.loads(out.read_text())["sync"]["step_s"])
+    assert steps[1] - steps[0] == pytest.approx(0.0125)
+    run = RUN | {"compression": "powersgd", "powersgd_rank": 2, "powersgd_start_iter": 1}
+    plain = _from_run(tmp_path, run)[1]["sync"]
+    timed = _from_run(tmp_path, run | {"powersgd_compute_s": 0.004})[1]["sync"]
+    assert timed["step_s"] - plain["step_s"] == pytest.approx(0.004)  # type: ignore[index]
 
 
 def test_a_diloco_run_is_priced_with_its_own_words(tmp_path: Path) -> None:

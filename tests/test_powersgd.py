@@ -367,3 +367,29 @@ def test_the_benchmark_counts_the_bytes_each_powersgd_sends(tmp_path: Any) -> No
         want = 4 * 15_902 if "powersgd" in name else 4 * 2_372_618
         assert v["allreduced_bytes_per_step"] == want, name
         assert v["samples_per_s"] > 0
+
+
+def test_powersgd_times_its_own_work_and_leaves_the_all_reduces_out() -> None:
+    """work_s_per_step: None before a compressed step; then the seconds of its own work per
+    compressed step, which a sum that takes 0.1 s each time does not reach."""
+    import time
+
+    state = PowerSGD(rank=2, start_iter=1)
+    flat = torch.randn(64 * 32 + 32)
+    grads = [flat[: 64 * 32].view(64, 32), flat[64 * 32 :]]
+
+    def slow_sum(t: torch.Tensor) -> None:
+        time.sleep(0.1)
+
+    state.reduce(0, flat, grads, 2, slow_sum)  # a plain all-reduce: no work of its own
+    state.step_done()
+    assert state.work_s_per_step() is None
+    began = time.perf_counter()
+    for _ in range(2):
+        state.reduce(0, flat, grads, 2, slow_sum)  # three sums: plain, P, Q
+        state.step_done()
+    elapsed = time.perf_counter() - began
+    work = state.work_s_per_step()
+    assert state.compressed_steps == 2 and work is not None
+    assert 0 < work < 0.05 and elapsed > 0.6
+    assert work == pytest.approx(state.work_s / 2)

@@ -96,6 +96,8 @@ def test_powersgd_inside_diloco_compresses_and_syncs(tmp_path_factory: pytest.Te
         10,
     )
     assert run["powersgd_rank"] == 2
+    assert run["powersgd_compute_s"] > 0  # its own work, timed on the host
+    assert runs["diloco"]["powersgd_compute_s"] is None
     # a rank-2 approximation of the gradients: not DDP's model, but trained
     assert not torch.equal(run["params"], runs["diloco"]["params"])
     assert math.isfinite(run["final_loss"])

@@ -20,6 +20,7 @@ Gram-Schmidt's squares can underflow or overflow), so fp32 gradients give torch'
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -67,6 +68,9 @@ class PowerSGD:
         self.iter = 0  # synchronizations done
         self.numel_before = 0  # elements that compressed buckets held, summed over their steps
         self.numel_after = 0  # elements they sent instead (P, Q and the uncompressed ones)
+        self.work_s = 0.0  # seconds of this rank's own work in compressed steps, its all-reduces excluded
+        self.compressed_steps = 0  # synchronizations that compressed
+        self.work_on_host = True  # False once a bucket is on a GPU (its kernels run behind the host's clock)
         self._bound = False  # taken by one DDP wrapper or hook: its buckets' memories are keyed by index
 
     def __repr__(self) -> str:
@@ -95,6 +99,15 @@ class PowerSGD:
         """Elements before compression over elements sent, over the compressed steps (0: none yet)."""
         return self.numel_before / self.numel_after if self.numel_after else 0.0
 
+    def work_s_per_step(self) -> float | None:
+        """Seconds per compressed synchronization of PowerSGD's own work on this rank (error
+        feedback, the matmuls, orthogonalisation, the product written back; its all-reduces and
+        the waits in them excluded), wall time on the host; None before any compressed step or
+        for GPU buckets, whose kernels the host's clock does not see."""
+        if not self.compressed_steps or not self.work_on_host:
+            return None
+        return self.work_s / self.compressed_steps
+
     def reduce(
         self,
         index: int,
@@ -108,6 +121,27 @@ class PowerSGD:
         if not self.compressing:
             all_reduce(flat.div_(world_size))
             return
+        started, waited = time.perf_counter(), 0.0
+        self.work_on_host &= flat.device.type == "cpu"
+
+        def timed(t: torch.Tensor) -> None:  # the sums' time, left out of the work's
+            nonlocal waited
+            begun = time.perf_counter()
+            all_reduce(t)
+            waited += time.perf_counter() - begun
+
+        self._compress(index, flat, grads, world_size, timed)
+        self.work_s += time.perf_counter() - started - waited
+
+    def _compress(
+        self,
+        index: int,
+        flat: torch.Tensor,
+        grads: Sequence[torch.Tensor],
+        world_size: int,
+        all_reduce: AllReduce,
+    ) -> None:
+        """One compressed synchronization of bucket `index` (steps 1-5 of the module's docstring)."""
         kept = self._feed_error(index, flat)
         compress, plain = self._split(grads)
         matrices, ps, qs = self._low_rank(index, compress, flat)
@@ -131,6 +165,7 @@ class PowerSGD:
 
     def step_done(self) -> None:
         """One synchronization of every bucket is over (torch: after the last bucket's)."""
+        self.compressed_steps += self.compressing
         self.iter += 1
 
     def _feed_error(self, index: int, flat: torch.Tensor) -> torch.Tensor | None:

@@ -129,6 +129,7 @@ class Model:
     layers: int = 0  # the layers Streaming DiLoCo's fragments split (0: unknown)
     zero: int = 0  # the ZeRO stage inside a replica group (PowerSGD compresses DDP's all-reduce only)
     hbm_Bps: float = 0.0  # the device's memory bandwidth, for PowerSGD's passes (0: unknown, not priced)
+    powersgd_work_s: float | None = None  # PowerSGD's own work per step, measured (None: priced)
 
     @property
     def split(self) -> int:
@@ -230,9 +231,12 @@ def _powersgd_buckets(model: Model, rank: int, min_rate: float) -> list[tuple[in
 
 
 def powersgd_compute_s(model: Model, method: SyncMethod) -> float:
-    """PowerSGD's work on the device per step: `POWERSGD_PASSES` passes over the compressed tensors
-    at the memory's bandwidth (its rank-r matmuls are memory-bound; the orthogonalisation of P,
-    n x r, is smaller still); 0 when the bandwidth is unknown."""
+    """PowerSGD's work on the device per step: the measured figure where there is one, else
+    `POWERSGD_PASSES` passes over the compressed tensors at the memory's bandwidth (its rank-r
+    matmuls are memory-bound; the orthogonalisation of P, n x r, is smaller still); 0 when the
+    bandwidth is unknown."""
+    if model.powersgd_work_s is not None:
+        return model.powersgd_work_s
     if not model.hbm_Bps:
         return 0.0
     compressed = sum(

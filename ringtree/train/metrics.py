@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ringtree.comm.powersgd import PowerSGD
 from ringtree.parallel.expert import ExpertParallel
 
 
@@ -49,6 +50,23 @@ class Meter:
             "exposed_comm_time_s": exposed,
             "samples_per_s": (sum(self.samples[skip:]) / n) / step if step > 0 else 0.0,
         }
+
+
+def powersgd_work_s(states: list[PowerSGD], device: torch.device | str = "cpu") -> float | None:
+    """Seconds per step of PowerSGD's own work (its all-reduces excluded), summed over this rank's
+    compressing DDPs, the slowest rank's (a collective where any rank has PowerSGD: every rank then
+    has it); None without PowerSGD, before its first compressed step or on GPU (where the host's
+    clock does not see the kernels)."""
+    if not states:
+        return None
+    mine = [s.work_s_per_step() for s in states]
+    known = None not in mine
+    figures = torch.tensor(
+        [sum(m for m in mine if m is not None), 0.0 if known else 1.0], dtype=torch.float64, device=device
+    )
+    dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+    seconds, missing = figures.tolist()
+    return None if missing else seconds
 
 
 def moe_metrics(

@@ -16,6 +16,7 @@ METRIC_KEYS = (
     "step_time_s",
     "comm_time_s",
     "exposed_comm_time_s",
+    "powersgd_compute_s",  # --compression powersgd: seconds per step of its own work, all-reduces excluded
     "predicted_step_time_s",
     "world_size",
     "nodes",

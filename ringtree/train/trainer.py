@@ -51,7 +51,7 @@ from ringtree.train.config import TrainConfig, check_world, device_type
 from ringtree.train.evaluation import evaluate
 from ringtree.train.factories import LossFn, make_datasets, make_loss, make_model
 from ringtree.train.loss import TrainingLoss
-from ringtree.train.metrics import Meter, moe_metrics
+from ringtree.train.metrics import Meter, moe_metrics, powersgd_work_s
 from ringtree.train.parallelize import (
     DataParallel,
     Pipeline,
@@ -578,6 +578,9 @@ class _Run:
         }
         ddp = self.model if self.pipe is None else self.pipe.ddp
         metrics |= low_comm.metrics(cfg, self.outer, self.replicas, ddp, self.step, self.device)
+        metrics["powersgd_compute_s"] = powersgd_work_s(
+            [d.powersgd for d in self.parallel.powersgd if d.powersgd is not None], self.device
+        )
         if self.pipe is not None:
             metrics |= self._pipeline_metrics(self.pipe_record)
         if self.parallel.experts is not None:

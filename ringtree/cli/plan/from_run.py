@@ -45,8 +45,10 @@ def sync_words(summary: dict[str, Any], path: Path, given: SyncOptions | None = 
         )
     if compression == "powersgd":
         rank = summary.get("powersgd_rank")
+        work = summary.get("powersgd_compute_s")  # its own work, measured: priced as that
         return SyncOptions("powersgd", powersgd_rank=None if rank is None else int(rank),
-                           replicas=given.replicas, sweep=given.sweep)  # fmt: skip
+                           replicas=given.replicas, sweep=given.sweep,
+                           powersgd_compute_time=None if work is None else float(work))  # fmt: skip
     if sync == "ddp":
         return None if given.sweep is None else given
     streaming = sync == "streaming-diloco"

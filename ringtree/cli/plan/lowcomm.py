@@ -32,6 +32,7 @@ class SyncOptions:
     overlap_steps: int | None = None
     outer_dtype: str | None = None
     sweep: str | None = None
+    powersgd_compute_time: float | None = None  # measured seconds of PowerSGD's own work per step
 
     def given(self) -> list[str]:
         """The options given, as flags."""
@@ -45,6 +46,7 @@ class SyncOptions:
         chosen = self.sync or "ddp"
         ignored = {
             "--powersgd-rank": self.powersgd_rank is not None and chosen != "powersgd",
+            "--powersgd-compute-time": self.powersgd_compute_time is not None and chosen != "powersgd",
             "--replicas": self.replicas is not None and chosen not in PERIODIC,
             "--inner-steps": self.inner_steps is not None and chosen not in PERIODIC,
             "--outer-dtype": self.outer_dtype is not None and chosen not in PERIODIC,
@@ -54,6 +56,11 @@ class SyncOptions:
         named = [k for k, v in ignored.items() if v]
         if named:
             raise ValueError(f"{', '.join(named)} do not apply with --sync {chosen}: drop them")
+        if self.powersgd_compute_time is not None and not self.powersgd_compute_time >= 0:
+            raise ValueError(
+                f"--powersgd-compute-time {self.powersgd_compute_time}: give the seconds per step of "
+                "PowerSGD's own work, 0 or more (a PowerSGD run's powersgd_compute_s)"
+            )
         if self.sweep is not None and self.sweep != "bandwidth":
             raise ValueError(f"unknown --sweep {self.sweep!r}; the one sweep is --sweep bandwidth")
         words = {
@@ -101,6 +108,11 @@ OPTIONS: dict[str, tuple[type, Any]] = {
         "streaming-diloco, beside the other methods, with a recommendation.",
     ),
     "powersgd_rank": _option(int, "With --sync powersgd: the rank of its P and Q (default 2)."),
+    "powersgd_compute_time": _option(
+        float,
+        "With --sync powersgd: measured seconds per step of its own work (a PowerSGD run's "
+        "powersgd_compute_s; default: its passes at the --cluster GPU's memory bandwidth, else 0).",
+    ),
     "replicas": _option(
         int, "With local-sgd / diloco: replica groups, DDP inside each (default one per node)."
     ),
@@ -152,8 +164,12 @@ def report(
     recommendation and, with --sweep bandwidth, the bandwidth each needs; as the plan's JSON keys.
     `step_for(algorithm)` is the planner's DDP step on a cluster, its collectives priced as that.
     Raises ValueError on words the pricing refuses (the caller exits 2)."""
+    import dataclasses
+
     from ringtree.sim.lowcomm import price, recommend, sweep
 
+    if options.powersgd_compute_time is not None:
+        model = dataclasses.replace(model, powersgd_work_s=options.powersgd_compute_time)
     step = step_for(algorithm)
     name = options.method().sync
     methods, prices = [], []
