@@ -109,13 +109,14 @@ def spawn(
     if local < 1 or nproc % local:
         raise ValueError(f"local_world_size={local} must divide nproc={nproc}")
     with tempfile.TemporaryDirectory(prefix="ringtree-") as tmp:
-        ctx = start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-            _worker,
-            args=(fn, nproc, local, backend, collective_timeout_s, tmp, args),
-            nprocs=nproc,
-            join=False,
-            start_method="spawn",
-        )
+        with _workers_start_deaf():  # a Ctrl-C while they import is this process's alone to report
+            ctx = start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+                _worker,
+                args=(fn, nproc, local, backend, collective_timeout_s, tmp, args),
+                nprocs=nproc,
+                join=False,
+                start_method="spawn",
+            )
         deadline = time.monotonic() + timeout_s
         while not _joined(ctx):
             if time.monotonic() > deadline:
@@ -152,6 +153,9 @@ def _worker(
     tmp: str,
     args: tuple[Any, ...],
 ) -> None:
+    # Started deaf to Ctrl-C (_workers_start_deaf); from here torch's own wrapper takes a
+    # KeyboardInterrupt quietly while this process's parent kills the world and reports it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(nproc),
@@ -259,10 +263,11 @@ def elastic_spawn(
 @contextlib.contextmanager
 def _workers_start_deaf() -> Iterator[None]:
     """Workers start with SIGINT ignored (a disposition that survives exec, and that Python keeps)
-    and hear it again once they run ringtree's code (_elastic_worker): a Ctrl-C while they import
-    torch reaches only this process, whose agent stops them, instead of a KeyboardInterrupt
-    traceback from every one. This process ignores it only for the instant of each fork and exec
-    (multiprocessing's spawn goes through util.spawnv_passfds)."""
+    and hear it again once they run ringtree's code (_worker, _elastic_worker): a Ctrl-C while
+    they import torch and ringtree reaches only this process, which stops them and says so in one
+    line, instead of a traceback or a line of their own from every one. This process ignores it
+    only for the instant of each fork and exec (multiprocessing's spawn goes through
+    util.spawnv_passfds)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -18,8 +18,8 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120) -> tuple[int, str]:
-    """Start `ringtree ARGS` in its own process group, wait until ready(), Ctrl-C the group (as a
+def _interrupt(args: list[str], ready: Callable[[int], bool], timeout: float = 120) -> tuple[int, str]:
+    """Start `ringtree ARGS` in its own process group, wait until ready(its pid), Ctrl-C the group (as a
     terminal does); return its exit code and stderr. The command starts with SIGINT's default
     action, as from a terminal, even where these tests run from a background shell (which
     ignores SIGINT for its children)."""
@@ -36,7 +36,7 @@ def _interrupt(args: list[str], ready: Callable[[], bool], timeout: float = 120)
     )
     try:
         deadline = time.monotonic() + timeout
-        while not ready() and job.poll() is None and time.monotonic() < deadline:
+        while not ready(job.pid) and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert job.poll() is None, "the command ended before it could be interrupted"
         os.killpg(job.pid, signal.SIGINT)
@@ -52,7 +52,7 @@ def test_ctrl_c_in_train_says_where_it_stopped_in_one_line(tmp_path: Path) -> No
     code, err = _interrupt(
         ["train", "--nproc", "2", "--model", "mlp-tiny", "--epochs", "1000", "--no-progress",
          "--checkpoint-dir", str(ck), "--checkpoint-every", "2"],
-        lambda: len(list(ck.glob("step-*.json"))) >= 2,
+        lambda _: len(list(ck.glob("step-*.json"))) >= 2,
     )  # fmt: skip
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 130, err
@@ -66,20 +66,36 @@ def test_ctrl_c_in_bench_exits_130_in_one_line(tmp_path: Path) -> None:
     started = time.monotonic()
     code, err = _interrupt(
         ["bench", "--nproc", "2", "--max-bytes", "64M", "--json", str(tmp_path / "rows.json")],
-        lambda: time.monotonic() - started > 8,
+        lambda _: time.monotonic() - started > 8,
     )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 130 and lines == ["ringtree bench: interrupted; nothing written"], err
     assert list(tmp_path.iterdir()) == []
 
 
-def _workers_started(launcher: subprocess.Popen[str]) -> Callable[[], bool]:
+def test_ctrl_c_in_bench_while_its_workers_import_is_one_line(tmp_path: Path) -> None:
+    started: list[Callable[[], bool]] = []
+
+    def importing(pid: int) -> bool:  # its workers spawned, still importing torch and ringtree
+        if not started:
+            started.append(_workers_started(pid))
+        return started[0]()
+
+    code, err = _interrupt(
+        ["bench", "--nproc", "2", "--max-bytes", "64M", "--json", str(tmp_path / "rows.json")], importing
+    )
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 130 and lines == ["ringtree bench: interrupted; nothing written"], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _workers_started(launcher: int) -> Callable[[], bool]:
     """True half a second after the launcher spawned its first worker: past the instant of its
     fork and exec, while it imports torch (seconds)."""
     seen: list[float] = []
 
     def started() -> bool:
-        if not seen and _a_worker_of(launcher.pid):
+        if not seen and _a_worker_of(launcher):
             seen.append(time.monotonic())
         return bool(seen) and time.monotonic() - seen[0] > 0.5
 
@@ -106,14 +122,14 @@ def test_ctrl_c_while_workers_start_is_one_line(tmp_path: Path) -> None:
 
     def remember(*args: object, **kwargs: object) -> subprocess.Popen[str]:
         launcher.append(real_popen(*args, **kwargs))  # type: ignore[call-overload]
-        started.append(_workers_started(launcher[-1]))
+        started.append(_workers_started(launcher[-1].pid))
         return launcher[-1]
 
     subprocess.Popen = remember  # type: ignore[misc, assignment]
     try:
         code, err = _interrupt(
             ["train", "--nproc", "2", "--model", "mlp-tiny", "--no-progress"],
-            lambda: bool(launcher) and started[0](),
+            lambda _: bool(launcher) and started[0](),
         )
     finally:
         subprocess.Popen = real_popen  # type: ignore[misc]
