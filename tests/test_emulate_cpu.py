@@ -77,15 +77,16 @@ def test_a_wrapped_command_runs_in_its_capped_group_and_the_groups_go_away() -> 
 def test_emulate_caps_the_nodes_and_cleanup_removes_a_left_group(tmp_path: Path) -> None:
     record_path = tmp_path / "cluster.json"
     bench = ["bench", "--algorithms", "ring", "--min-bytes", "4K", "--max-bytes", "4K", "--iters", "2"]
-    command = [sys.executable, "-m", "ringtree", "emulate", "--nodes", "2", "--cpus-per-node", "0.5"]
+    # 1 core a node, not 0.5: the cap is recorded and applied the same, in half the time
+    command = [sys.executable, "-m", "ringtree", "emulate", "--nodes", "2", "--cpus-per-node", "1"]
     done = subprocess.run(
         [*command, "--no-measure", "--json", str(record_path), "--", *bench],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads(record_path.read_text())
-    assert record["cpus_per_node"] == 0.5 and "every node capped at 0.5 cores" in record["cpu_policy"]
-    assert "every node capped at 0.5 cores" in done.stdout
+    assert record["cpus_per_node"] == 1.0 and "every node capped at 1 cores" in record["cpu_policy"]
+    assert "every node capped at 1 cores" in done.stdout
     assert cpu.listed() == [] and network.list_netns() == []
     stray = cpu.build("rtemu-stray", 1, 0.5)
     stray.groups = []  # forgotten, as an interrupted run would leave it

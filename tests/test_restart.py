@@ -57,6 +57,9 @@ def _accuracy_within_a_point(killed: dict[str, object], whole: dict[str, object]
     assert abs(float(killed["accuracy"]) - float(whole["accuracy"])) <= 0.01  # type: ignore[arg-type]
 
 
+# 27 s on 2 cores; covered by test_a_killed_worker_resumes_and_ends_where_an_uninterrupted_run_ends[dp2]
+# (kill, restart, resume) and test_zero_checkpoint.py::test_a_save_cut_short_leaves_the_previous_one.
+@pytest.mark.slow
 def test_a_kill_during_a_sharded_save_resumes_from_the_one_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
