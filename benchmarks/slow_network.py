@@ -147,16 +147,29 @@ def calibrate(rate: str, work: Path, cpus_per_node: str) -> dict[str, Any]:
     return {"bench": json.loads(bench.read_text()), "fit": json.loads(fitted.read_text())}
 
 
+def planned(row: dict[str, Any], compute: dict[str, Any], calibration: dict[str, Any]) -> tuple[float, float]:
+    """The planner's samples/s for the row and its ratio to the measured one, each the median over
+    the rounds both the row and the compute run have, every round's prediction made from that
+    round's compute step (and a PowerSGD run's own work): rounds that ran on a faster or slower
+    host are compared with themselves. With no round in common, from the medians."""
+    step = dict(zip(compute["round_ids"], compute["step_time_s_all"], strict=True))
+    runs = zip(row["round_ids"], row["samples_per_s_all"], row["powersgd_compute_s_all"], strict=True)
+    shared = [(step[k], sps, work) for k, sps, work in runs if k in step] or [
+        (compute["step_time_s"], row["samples_per_s"], row.get("powersgd_compute_s"))
+    ]
+    predicted = [predicted_samples_per_s(row, calibration, t, work) for t, _, work in shared]
+    ratios = [p / sps for p, (_, sps, _) in zip(predicted, shared, strict=True)]
+    return statistics.median(predicted), statistics.median(ratios)
+
+
 def predicted_samples_per_s(
-    method: str, calibration: dict[str, Any], compute_step_s: float, row: dict[str, Any]
-) -> float | None:
-    """The planner's samples/s for the method on the calibrated links, from the compute run's step
-    (and PowerSGD's from its own work, which its run measures)."""
-    if method == "compute":
-        return None
-    # PowerSGD's own work is compute, measured in its run as the step's is in the compute run
-    measured = row.get("powersgd_compute_s")
-    work = [] if measured is None else ["--powersgd-compute-time", f"{measured:.6g}"]
+    row: dict[str, Any], calibration: dict[str, Any], compute_step_s: float, work_s: float | None
+) -> float:
+    """The planner's samples/s for the row's method on the calibrated links, from the compute run's
+    step (and PowerSGD's from its own work per step, which its run measures, as the step's is in
+    the compute run)."""
+    method = row["method"]
+    work = [] if work_s is None else ["--powersgd-compute-time", f"{work_s:.6g}"]
     with tempfile.TemporaryDirectory() as tmp:
         out, fitted = Path(tmp) / "plan.json", Path(tmp) / "calibration.json"
         fitted.write_text(json.dumps(calibration["fit"]))
@@ -169,7 +182,7 @@ def predicted_samples_per_s(
         )  # fmt: skip
         plan: dict[str, Any] = json.loads(out.read_text())
     step = float(plan["sync"]["step_s"])  # the method's step: inner step and its share of the syncs
-    return row["global_batch"] / step if step > 0 else None
+    return float(row["global_batch"]) / step
 
 
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -182,6 +195,8 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["rounds"] = len(runs)
     out["round_ids"] = [r.get("round", 0) for r in runs]
     out["samples_per_s_all"] = [r["samples_per_s"] for r in runs]
+    out["step_time_s_all"] = [r["step_time_s"] for r in runs]
+    out["powersgd_compute_s_all"] = [r.get("powersgd_compute_s") for r in runs]
     return out
 
 
@@ -193,11 +208,10 @@ def summarise(rows: list[dict[str, Any]], calibrations: dict[str, Any]) -> list[
         for r in mine.values():
             if compute:
                 r["compute_utilisation"] = per_round_ratio(r, compute)
-                r["predicted_samples_per_s"] = predicted_samples_per_s(
-                    r["method"], calibrations[rate], compute["step_time_s"], r
+            if compute and r["method"] != "compute":
+                r["predicted_samples_per_s"], r["predicted_over_measured"] = planned(
+                    r, compute, calibrations[rate]
                 )
-                if r["predicted_samples_per_s"]:
-                    r["predicted_over_measured"] = r["predicted_samples_per_s"] / r["samples_per_s"]
             if compute and r.get("outer_syncs") and r["method"] not in STREAMING_BASE:
                 r["link_bytes_per_sync"] = bytes_per_sync(r, compute)
             if ddp:

@@ -54,6 +54,31 @@ def test_utilisation_is_the_median_of_each_rounds_own_ratio() -> None:
     assert bench.per_round_ratio(lone, compute) == 0.5  # no round in common: the medians' ratio
 
 
+def test_the_planner_is_set_beside_each_round_with_that_rounds_compute_step_and_work(
+    monkeypatch: Any,
+) -> None:
+    bench = load("slow_network")
+    seen: list[tuple[float, float | None]] = []
+
+    def plan(row: dict[str, Any], calibration: Any, step: float, work: float | None) -> float:
+        seen.append((step, work))  # a planner that adds 10 ms of link to the step and the work
+        return float(row["global_batch"]) / (step + (work or 0.0) + 0.010)
+
+    monkeypatch.setattr(bench, "predicted_samples_per_s", plan)
+    compute = bench.median_row([_run("compute", 9600, 0, 0.97, round_id=0),  # a 10 ms step
+                                _run("compute", 4800, 0, 0.97, round_id=1),  # the host at half speed
+                                _run("compute", 3200, 0, 0.97, round_id=2)])  # fmt: skip
+    runs = [_run("powersgd-r4", 2400, 1_000, 0.97, round_id=k) for k in (1, 2, 7)]  # 7: no compute run
+    for r, work in zip(runs, (0.010, 0.020, 0.5), strict=True):
+        r["powersgd_compute_s"] = work
+    predicted, ratio = bench.planned(bench.median_row(runs), compute, calibration={})
+    assert seen == [(0.020, 0.010), (0.030, 0.020)]  # each round's own step and work, not medians
+    # round 1: 96 / 40 ms = 2400 (1.0 of measured), round 2: 96 / 60 ms = 1600 (2/3): the medians
+    assert abs(ratio - 5 / 6) < 1e-12 and abs(predicted - 2000) < 1e-9
+    lone = bench.median_row([_run("ddp", 1000, 1_000, 0.97, round_id=9)])
+    assert abs(bench.planned(lone, compute, calibration={})[0] - 96 / (0.020 + 0.010)) < 1e-9  # medians
+
+
 def test_bytes_per_sync_take_out_what_every_run_sends() -> None:
     bench = load("slow_network")
     base = 1_000_000 + 640 * 100  # what every run sends: the start's copy, small collectives a step
